@@ -1,0 +1,68 @@
+/**
+ * @file gpu_test.cuh
+ * @brief Helpers for GPU tests: the skip code, checked CUDA calls, and small RAII buffers.
+ */
+#pragma once
+
+#include <dhisparse/error.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+namespace dhisparse::test {
+
+/// Exit code of a GPU test executable on a machine without a CUDA device (CTest
+/// SKIP_RETURN_CODE).
+inline constexpr int skip_return_code = 77;
+
+/// Owning device allocation of `n` elements of `T`, for tests.
+template <class T>
+class device_vector {
+ public:
+  device_vector() = default;
+  explicit device_vector(std::size_t n) : size_{n}
+  {
+    if (n > 0) { DHISPARSE_CUDA_TRY(cudaMalloc(&data_, n * sizeof(T))); }
+  }
+  explicit device_vector(std::vector<T> const& host) : device_vector(host.size()) { upload(host); }
+  device_vector(device_vector&& o) noexcept : data_{o.data_}, size_{o.size_}
+  {
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  device_vector& operator=(device_vector&& o) noexcept
+  {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  device_vector(device_vector const&)            = delete;
+  device_vector& operator=(device_vector const&) = delete;
+  ~device_vector() { cudaFree(data_); }
+
+  T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+  void upload(std::vector<T> const& host)
+  {
+    DHISPARSE_EXPECTS(host.size() == size_, "device_vector::upload: size mismatch");
+    DHISPARSE_CUDA_TRY(cudaMemcpy(data_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const
+  {
+    std::vector<T> host(size_);
+    DHISPARSE_CUDA_TRY(cudaMemcpy(host.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  /// Fills every byte with `byte` (e.g. 0xFF makes every int32 -1, 0x7F poisons floats).
+  void fill_bytes(int byte) { DHISPARSE_CUDA_TRY(cudaMemset(data_, byte, size_ * sizeof(T))); }
+
+ private:
+  T* data_          = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace dhisparse::test
