@@ -7,3 +7,17 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/error.cuh>
 #include <dhisparse/row_format.cuh>
+#include <dhisparse/status.hpp>
+#include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/policy/lru.cuh>
+#include <dhisparse/policy/static_budget.cuh>
+#include <dhisparse/host_store.cuh>
+#include <dhisparse/device_pool.cuh>
+#include <dhisparse/residency_map.cuh>
+#include <dhisparse/step_batch.cuh>
+#include <dhisparse/miss_plan.cuh>
+#include <dhisparse/resolve.cuh>
+#include <dhisparse/retrieve.cuh>
+#include <dhisparse/commit.cuh>
+#include <dhisparse/backup.cuh>
+#include <dhisparse/hierarchy.cuh>

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace dhisparse::test {
@@ -50,6 +51,12 @@ class device_vector {
   {
     DHISPARSE_EXPECTS(host.size() == size_, "device_vector::upload: size mismatch");
     DHISPARSE_CUDA_TRY(cudaMemcpy(data_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  /// Uploads `host` into the first host.size() elements.
+  void upload_prefix(std::vector<T> const& host)
+  {
+    DHISPARSE_EXPECTS(host.size() <= size_, "device_vector::upload_prefix: too many elements");
+    DHISPARSE_CUDA_TRY(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const
   {

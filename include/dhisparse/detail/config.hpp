@@ -19,6 +19,7 @@
 
 /// Declares a kernel with hidden visibility, so that kernels instantiated in several
 /// shared objects of one process never alias each other (the CUB/Thrust convention).
+/// Every dhisparse kernel is a template (header-only: one definition per instantiation).
 #if defined(__CUDACC__)
 #if defined(_WIN32)
 #define DHISPARSE_KERNEL __global__ static

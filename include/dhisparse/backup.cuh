@@ -1,0 +1,40 @@
+/**
+ * @file backup.cuh
+ * @brief Eager copy of newly committed rows device → host store. A row becomes clean
+ *        (evictable, and free to reclaim without a copy) only once its copy completed.
+ *
+ * Each group's dirty list holds the slots committed since the last backup. One warp
+ * copies one group row (all layers) to its host page with 16-byte stores over PCIe,
+ * fences them system-wide, and only then clears the slot's dirty flag. A second launch
+ * empties the lists. Slots that were released meanwhile were scrubbed from the list by
+ * release.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/device_pool.cuh>
+#include <dhisparse/host_store.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace dhisparse {
+
+/// Arguments of one backup (all groups). Grid-invariant, passed by value.
+struct backup_params {
+  device_pool_ref const* pools;  ///< [num_groups] in device memory
+  group_layout const* layouts;   ///< [num_groups] in device memory
+  host_store_ref host;
+  std::int32_t num_groups;
+};
+
+/**
+ * @brief Enqueues the backup of every group's dirty rows on `stream`.
+ * @param blocks blocks per group (0: a default)
+ */
+cudaError_t backup_async(backup_params const& params, int blocks, cudaStream_t stream);
+
+}  // namespace dhisparse
+
+#include <dhisparse/detail/backup/kernels.cuh>

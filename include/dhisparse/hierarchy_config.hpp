@@ -1,0 +1,127 @@
+/**
+ * @file hierarchy_config.hpp
+ * @brief Runtime configuration shared by `kv_hierarchy` and its host reference
+ *        (`host::kv_hierarchy`), plus the engine-facing request id type (plain C++).
+ */
+#pragma once
+
+#include <dhisparse/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace dhisparse {
+
+/// The engine's id of a request (any 64-bit value). A strong type: it cannot be mixed up
+/// with positions or slots.
+enum class request_id : std::uint64_t {};
+
+/// Rows of one layer in a group's slab: slot s's row is at `rows + s * stride`.
+struct layer_view {
+  std::byte* rows;
+  std::size_t stride;
+};
+
+/// Where the host store's pages live.
+enum class host_memory {
+  pinned,      ///< `cudaHostAlloc` (mapped, portable): the default
+  huge_pages,  ///< anonymous `mmap` with `madvise(MADV_HUGEPAGE)`, then `cudaHostRegister`
+  caller,      ///< memory the caller owns (`host_store_config::caller_memory`), registered
+               ///< with `cudaHostRegister` unless `caller_memory_registered` says it is
+};
+
+/// Host store settings (see `host_store`).
+struct host_store_config {
+  std::size_t capacity_pages = 0;  ///< pages in the store; admission beyond fails
+  int tokens_per_page        = 64; ///< P: tokens per page (a power of two)
+  host_memory memory         = host_memory::pinned;
+  void* caller_memory        = nullptr;  ///< with host_memory::caller
+  std::size_t caller_bytes   = 0;        ///< with host_memory::caller
+  bool caller_memory_registered = false; ///< caller memory is already pinned / registered
+};
+
+/**
+ * @brief Shapes and capacities of a `kv_hierarchy`. Everything that does not change code
+ *        generation is runtime configuration.
+ */
+struct hierarchy_config {
+  /// Layers of each layer group (groups share one top-K selection; DeepSeek-V3.2: all 1,
+  /// GLM-5 IndexShare: 4). A slot of group g holds the rows of all its layers.
+  std::vector<int> group_layers{1};
+  int max_requests = 0;  ///< requests admitted at once
+  int max_batch    = 0;  ///< padded batch size of a step (the capture size)
+  int max_queries  = 1;  ///< Qmax: queries per request per step (1 + drafts when verifying)
+  int max_top_k    = 2048;  ///< K: selected positions per query
+  int max_context  = 0;     ///< positions a request may reach (sizes per-request tables)
+  /// Slots of the device pool of each group. Must cover the essential floors of all
+  /// admitted requests (for `static_budget<H>`: max_requests × H).
+  std::int64_t device_slots_per_group = 0;
+  /// Positions per residency-map page (a power of two).
+  int map_page_positions = 1024;
+  /// Steps between two `backup` calls the dirty list must absorb.
+  int backup_interval_steps = 4;
+  host_store_config host{};
+  /// Optional caller-owned slab per group (device memory, 16-byte aligned, at least
+  /// device_slots_per_group × layers × row bytes). Empty: the hierarchy allocates.
+  std::vector<void*> slab_memory{};
+
+  [[nodiscard]] int num_groups() const noexcept { return int(group_layers.size()); }
+  [[nodiscard]] int total_layers() const noexcept
+  {
+    return std::accumulate(group_layers.begin(), group_layers.end(), 0);
+  }
+  /// Entries of one step's selection / slot table: max_batch × max_queries × max_top_k.
+  [[nodiscard]] std::size_t step_entries() const noexcept
+  {
+    return std::size_t(max_batch) * max_queries * max_top_k;
+  }
+};
+
+namespace detail {
+
+inline bool is_power_of_two(long long v) { return v > 0 && (v & (v - 1)) == 0; }
+
+/// Throws `dhisparse::error` naming the first invalid field. `budget_floor` is the number
+/// of slots per request and group the budget policy guarantees.
+inline void validate(hierarchy_config const& c, std::int64_t budget_floor)
+{
+  DHISPARSE_EXPECTS(!c.group_layers.empty(), "hierarchy_config.group_layers is empty");
+  for (std::size_t g = 0; g < c.group_layers.size(); ++g) {
+    DHISPARSE_EXPECTS(c.group_layers[g] > 0, "hierarchy_config.group_layers[" +
+                                               std::to_string(g) + "] must be positive");
+  }
+  DHISPARSE_EXPECTS(c.max_requests > 0, "hierarchy_config.max_requests must be positive");
+  DHISPARSE_EXPECTS(c.max_batch > 0 && c.max_batch <= c.max_requests,
+                    "hierarchy_config.max_batch must be in [1, max_requests]");
+  DHISPARSE_EXPECTS(c.max_queries > 0, "hierarchy_config.max_queries must be positive");
+  DHISPARSE_EXPECTS(c.max_top_k > 0, "hierarchy_config.max_top_k must be positive");
+  DHISPARSE_EXPECTS(c.max_context > 0, "hierarchy_config.max_context must be positive");
+  DHISPARSE_EXPECTS(is_power_of_two(c.map_page_positions),
+                    "hierarchy_config.map_page_positions must be a power of two");
+  DHISPARSE_EXPECTS(is_power_of_two(c.host.tokens_per_page),
+                    "hierarchy_config.host.tokens_per_page must be a power of two");
+  DHISPARSE_EXPECTS(c.host.capacity_pages > 0, "hierarchy_config.host.capacity_pages must be positive");
+  DHISPARSE_EXPECTS(c.backup_interval_steps > 0,
+                    "hierarchy_config.backup_interval_steps must be positive");
+  DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),
+                    "hierarchy_config.slab_memory must be empty or hold one slab per group");
+  // Essential floor of one request in one step: its selections (one query's worth at the
+  // least) and its tail rows.
+  DHISPARSE_EXPECTS(budget_floor >= std::int64_t(c.max_top_k) + c.max_queries,
+                    "budget policy: slots per request (" + std::to_string(budget_floor) +
+                      ") must be at least max_top_k + max_queries (" +
+                      std::to_string(std::int64_t(c.max_top_k) + c.max_queries) + ")");
+  DHISPARSE_EXPECTS(c.device_slots_per_group >= budget_floor * c.max_requests,
+                    "hierarchy_config.device_slots_per_group (" +
+                      std::to_string(c.device_slots_per_group) +
+                      ") is too small for the essential floors: max_requests × budget = " +
+                      std::to_string(budget_floor * c.max_requests));
+  DHISPARSE_EXPECTS(c.device_slots_per_group < (std::int64_t{1} << 31),
+                    "hierarchy_config.device_slots_per_group must fit in int32");
+}
+
+}  // namespace detail
+}  // namespace dhisparse

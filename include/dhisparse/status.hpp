@@ -1,0 +1,64 @@
+/**
+ * @file status.hpp
+ * @brief The device status word: kernels never trap on bad input, they treat the bad
+ *        entry as empty and set a bit here that the host can read (plain C++).
+ */
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dhisparse {
+
+/// Bits of the status word kept in device memory by `kv_hierarchy` (and by the reference).
+enum status_bit : std::uint32_t {
+  /// A selection entry was out of range (negative other than -1, beyond the causal limit
+  /// of its query), not strictly increasing, or followed a -1; it was treated as empty.
+  status_invalid_selection = 1u << 0,
+  /// A request needed more slots than its budget allows even after evicting every
+  /// evictable slot; the rows left without a slot appear as -1 in the slot table.
+  status_budget_exceeded = 1u << 1,
+  /// The device pool had no free slot where the budget allowed one.
+  status_pool_exhausted = 1u << 2,
+  /// A tail position lies beyond the capacity reserved for its request (`reserve`).
+  status_capacity_exceeded = 1u << 3,
+  /// More rows were committed than the dirty list holds between two backups; the extra
+  /// rows stay resident and dirty (never lost) but are not backed up.
+  status_dirty_list_overflow = 1u << 4,
+  /// An accepted count passed to `commit` was outside [0, queries of the request]; the
+  /// request's tail was rejected entirely.
+  status_invalid_accept_count = 1u << 5,
+  /// resolve found a tail position still held by the tail of an earlier resolve that was
+  /// never committed (every resolve of a group must be followed by one `commit`); the
+  /// request got no new tail rows.
+  status_uncommitted_tail = 1u << 6,
+};
+
+/// Human-readable list of the bits set in `status` ("ok" when none).
+inline std::string describe_status(std::uint32_t status)
+{
+  if (status == 0) { return "ok"; }
+  struct entry {
+    std::uint32_t bit;
+    char const* text;
+  };
+  static constexpr entry names[] = {
+    {status_invalid_selection, "invalid_selection"},
+    {status_budget_exceeded, "budget_exceeded"},
+    {status_pool_exhausted, "pool_exhausted"},
+    {status_capacity_exceeded, "capacity_exceeded"},
+    {status_dirty_list_overflow, "dirty_list_overflow"},
+    {status_invalid_accept_count, "invalid_accept_count"},
+    {status_uncommitted_tail, "uncommitted_tail"},
+  };
+  std::string out;
+  for (auto const& e : names) {
+    if (status & e.bit) { out += (out.empty() ? "" : "|") + std::string(e.text); }
+  }
+  std::uint32_t known = 0;
+  for (auto const& e : names) { known |= e.bit; }
+  if (status & ~known) { out += (out.empty() ? "" : "|") + std::string("unknown"); }
+  return out;
+}
+
+}  // namespace dhisparse
