@@ -510,3 +510,12 @@ class kv_hierarchy {
 };
 
 }  // namespace dhisparse
+
+/**
+ * @brief Explicit instantiation control for `kv_hierarchy` (and the kernels its members
+ *        instantiate). Put `DHISPARSE_INSTANTIATE_KV_HIERARCHY(row, eviction, budget);` in
+ *        one `.cu` file and `DHISPARSE_DECLARE_KV_HIERARCHY(row, eviction, budget);` in the
+ *        others that use it, so the kernels are compiled once.
+ */
+#define DHISPARSE_DECLARE_KV_HIERARCHY(...) extern template class ::dhisparse::kv_hierarchy<__VA_ARGS__>
+#define DHISPARSE_INSTANTIATE_KV_HIERARCHY(...) template class ::dhisparse::kv_hierarchy<__VA_ARGS__>
