@@ -1,0 +1,275 @@
+/**
+ * @file detail/verify/params.hpp
+ * @brief The arguments of speculative verification, its status flags and its argument
+ *        checks: shared by the CUDA kernels (`dhisparse/verify.cuh`) and the host
+ *        reference (`dhisparse/host/verify.hpp`), so it is plain C++.
+ *
+ * The types are public (namespace `dhisparse`); they live here so that the plain-C++ host
+ * reference can use them without including a `.cuh` header.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace dhisparse {
+
+/// Most draft tokens (chain) or draft nodes (tree) one request can carry.
+inline constexpr int max_verify_drafts = 256;
+/// Most candidate slots per row for `draft_distribution::candidates`.
+inline constexpr int max_verify_candidates = 128;
+
+/// How a draft is judged.
+enum class verify_rule : std::int32_t {
+  greedy,    ///< accept while the draft equals the target's argmax
+  sampling,  ///< lossless speculative sampling: accept x with probability min(1, p(x)/q(x))
+};
+
+/// Shape of a draft.
+enum class draft_topology : std::int32_t {
+  chain,  ///< d tokens in a row (block drafters, MTP heads)
+  tree,   ///< EAGLE-style token tree in first-child / next-sibling form
+};
+
+/// What the verifier knows of the distribution each draft token was drawn from.
+enum class draft_distribution : std::int32_t {
+  one_hot,     ///< nothing: the draft is deterministic (q = 1 at the drafted token)
+  dense,       ///< a full distribution q over the vocabulary per drafting position
+  candidates,  ///< per drafting position a list of candidate ids and probabilities (DFlash2)
+};
+
+/**
+ * @brief Bits of the device status word (and of the per-request status). Each names the
+ *        argument at fault; `describe_verify_status` turns a word into a message.
+ *
+ * A request whose status is non-zero gets empty outputs (accepted 0, emitted and
+ * next_token -1); other requests are unaffected.
+ */
+struct verify_status {
+  enum : std::uint32_t {
+    ok               = 0,
+    bad_batch_size   = 1u << 0,   ///< `*batch_size` outside [0, capacity] (clamped)
+    bad_num_drafts   = 1u << 1,   ///< `num_drafts[b]` outside [0, max_drafts]
+    bad_draft_token  = 1u << 2,   ///< a draft token outside [0, vocab)
+    bad_tree         = 1u << 3,   ///< links that do not form a forward tree
+    bad_candidates   = 1u << 4,   ///< a candidate id outside [0, vocab) or repeated in a row
+    p_not_finite     = 1u << 5,   ///< NaN or ±inf in p (greedy: NaN only)
+    p_negative       = 1u << 6,   ///< a negative target probability
+    p_not_normalized = 1u << 7,   ///< p > 1, or a row read in full sums to 1 ± more than tolerance
+    q_not_finite     = 1u << 8,   ///< NaN or ±inf in q or candidate_probs
+    q_negative       = 1u << 9,   ///< a negative draft probability
+    q_not_normalized = 1u << 10,  ///< q > 1, or a q / candidate row sums to 1 ± more than tolerance
+    draft_not_in_q   = 1u << 11,  ///< a draft token the drafter gave probability 0 (or no candidate slot)
+    bad_target_token = 1u << 12,  ///< a `target_tokens` entry outside [0, vocab)
+  };
+};
+
+/**
+ * @brief Everything one verification call reads and writes. Device pointers for
+ *        `verify_async`, host pointers for `host::verify`.
+ *
+ * Node numbering (both topologies): node 0 is the root (the last committed token), nodes
+ * 1..n are the drafts. Chain: node i is draft token i-1 and its parent is node i-1. Row r
+ * of `p` is the target's distribution of the token that follows node r (chain: position
+ * r); row r of `q` / the candidate lists is the distribution node r's children were drawn
+ * from. Shapes below use B = capacity, d = max_drafts, V = vocab, K = num_candidates,
+ * rows_q = d (chain) or d + 1 (tree).
+ */
+struct verify_params {
+  verify_rule rule                = verify_rule::greedy;
+  draft_topology topology         = draft_topology::chain;
+  draft_distribution distribution = draft_distribution::dense;  ///< sampling only
+
+  int capacity       = 0;  ///< B: rows of every per-request array (the padded batch)
+  int max_drafts     = 0;  ///< d: chain tokens / tree nodes (root excluded), ≤ max_verify_drafts
+  int vocab          = 0;  ///< V
+  int num_candidates = 0;  ///< K (candidates only), ≤ max_verify_candidates
+
+  std::int32_t const* batch_size = nullptr;  ///< [1] real batch; requests ≥ it are padding. nullptr: B
+  std::int32_t const* num_drafts = nullptr;  ///< [B] drafts / nodes to verify, in [0, d]. nullptr: d
+
+  std::int32_t const* draft_tokens = nullptr;  ///< chain [B][d]; tree [B][d+1] (entry 0 ignored)
+  std::int32_t const* first_child  = nullptr;  ///< tree [B][d+1]: -1 or a node index > this node's
+  std::int32_t const* next_sibling = nullptr;  ///< tree [B][d+1]: -1 or a node index > this node's
+
+  float const* p                 = nullptr;  ///< [B][d+1][V] target probabilities (greedy: or logits)
+  std::int64_t p_request_stride  = 0;        ///< elements between requests; 0: (d+1)·V
+  std::int64_t p_row_stride      = 0;        ///< elements between rows; 0: V
+  std::int32_t const* target_tokens = nullptr;  ///< greedy, instead of p: [B][d+1] argmax per row
+
+  float const* q                        = nullptr;  ///< dense: [B][rows_q][V]
+  std::int64_t q_request_stride         = 0;        ///< 0: rows_q·V
+  std::int64_t q_row_stride             = 0;        ///< 0: V
+  std::int32_t const* candidate_ids     = nullptr;  ///< candidates: [B][rows_q][K], -1 = empty slot
+  float const* candidate_probs          = nullptr;  ///< candidates: [B][rows_q][K]
+
+  std::uint64_t const* rng = nullptr;  ///< sampling: [2] {seed, offset}, read at run time
+
+  float sum_tolerance = 1e-3f;  ///< allowed |Σ − 1| of a p / q row read in full
+  bool validate_all   = false;  ///< also read and check every row a request could use
+
+  std::int32_t* accepted        = nullptr;  ///< [B] number of accepted drafts
+  std::int32_t* emitted         = nullptr;  ///< [B][d+1] accepted drafts, then the target's token, then -1
+  std::int32_t* next_token      = nullptr;  ///< [B] the token after the accepted drafts (correction or bonus)
+  std::int32_t* accepted_nodes  = nullptr;  ///< optional [B][d]: node index of each accepted draft, -1 after
+  std::uint32_t* status         = nullptr;  ///< [1] OR of the `verify_status` bits of this call
+  std::uint32_t* request_status = nullptr;  ///< optional [B] status bits per request
+  std::uint64_t* bytes_read     = nullptr;  ///< optional [1]: += bytes of p / q / candidate rows read in full
+};
+
+/**
+ * @brief Human-readable description of a status word, naming the arguments at fault
+ *        (empty string for `verify_status::ok`).
+ */
+inline std::string describe_verify_status(std::uint32_t bits)
+{
+  struct entry {
+    std::uint32_t bit;
+    char const* text;
+  };
+  static constexpr entry table[] = {
+    {verify_status::bad_batch_size, "batch_size: *batch_size is outside [0, capacity]"},
+    {verify_status::bad_num_drafts, "num_drafts: a request's count is outside [0, max_drafts]"},
+    {verify_status::bad_draft_token, "draft_tokens: a token id is outside [0, vocab)"},
+    {verify_status::bad_tree,
+     "first_child/next_sibling: links do not form a tree (each link must point to a higher node "
+     "index in [1, max_drafts], every node linked exactly once)"},
+    {verify_status::bad_candidates,
+     "candidate_ids: an id is outside [0, vocab) or repeated within a row"},
+    {verify_status::p_not_finite, "p: a NaN or infinite value"},
+    {verify_status::p_negative, "p: a negative probability"},
+    {verify_status::p_not_normalized,
+     "p: a probability above 1 or a row whose sum differs from 1 by more than sum_tolerance"},
+    {verify_status::q_not_finite, "q/candidate_probs: a NaN or infinite value"},
+    {verify_status::q_negative, "q/candidate_probs: a negative probability"},
+    {verify_status::q_not_normalized,
+     "q/candidate_probs: a probability above 1 or a row whose sum differs from 1 by more than "
+     "sum_tolerance"},
+    {verify_status::draft_not_in_q,
+     "draft_tokens: a draft token has draft probability 0 (candidates: no candidate slot)"},
+    {verify_status::bad_target_token, "target_tokens: a token id is outside [0, vocab)"},
+  };
+  std::string out;
+  for (auto const& e : table) {
+    if (bits & e.bit) { out += (out.empty() ? "" : "; ") + std::string(e.text); }
+  }
+  return out;
+}
+
+/**
+ * @brief Checks the host-visible arguments (shapes, pointers, strides, tolerance) of a
+ *        verification call; returns a message naming the first bad argument, or an empty
+ *        string. Per-request data (token ids, probabilities, counts) is checked by the
+ *        kernel and reported through `status`.
+ */
+inline std::string verify_params_problem(verify_params const& a)
+{
+  bool const tree     = a.topology == draft_topology::tree;
+  bool const sampling = a.rule == verify_rule::sampling;
+  auto bad            = [](char const* what) { return std::string("verify: ") + what; };
+  if (a.rule != verify_rule::greedy && !sampling) { return bad("rule is not a verify_rule"); }
+  if (!tree && a.topology != draft_topology::chain) { return bad("topology is not a draft_topology"); }
+  if (a.capacity < 0) { return bad("capacity is negative"); }
+  if (a.max_drafts < 0 || a.max_drafts > max_verify_drafts) {
+    return bad("max_drafts is outside [0, max_verify_drafts = 256]");
+  }
+  if (a.vocab <= 0) { return bad("vocab must be positive"); }
+  if (a.max_drafts > 0 && a.draft_tokens == nullptr) { return bad("draft_tokens is null"); }
+  if (tree && (a.first_child == nullptr || a.next_sibling == nullptr)) {
+    return bad("first_child / next_sibling are null for a tree");
+  }
+  if (a.p == nullptr && !(a.rule == verify_rule::greedy && a.target_tokens != nullptr)) {
+    return bad("p is null (greedy verification needs p or target_tokens)");
+  }
+  std::int64_t const rows_p = std::int64_t(a.max_drafts) + 1;
+  std::int64_t const rows_q = tree ? rows_p : a.max_drafts;
+  if (a.p_row_stride < 0 || (a.p_row_stride > 0 && a.p_row_stride < a.vocab)) {
+    return bad("p_row_stride is smaller than vocab");
+  }
+  std::int64_t const p_row = a.p_row_stride ? a.p_row_stride : a.vocab;
+  if (a.p_request_stride < 0 || (a.p_request_stride > 0 && a.p_request_stride < rows_p * p_row)) {
+    return bad("p_request_stride is smaller than (max_drafts + 1) rows");
+  }
+  if (sampling) {
+    if (a.rng == nullptr) { return bad("rng is null (sampling needs {seed, offset} in device memory)"); }
+    if (a.distribution == draft_distribution::dense) {
+      if (a.q == nullptr && rows_q > 0) { return bad("q is null for dense draft distributions"); }
+      if (a.q_row_stride < 0 || (a.q_row_stride > 0 && a.q_row_stride < a.vocab)) {
+        return bad("q_row_stride is smaller than vocab");
+      }
+      std::int64_t const q_row = a.q_row_stride ? a.q_row_stride : a.vocab;
+      if (a.q_request_stride < 0 || (a.q_request_stride > 0 && a.q_request_stride < rows_q * q_row)) {
+        return bad("q_request_stride is smaller than the rows of q");
+      }
+    } else if (a.distribution == draft_distribution::candidates) {
+      if (a.num_candidates <= 0 || a.num_candidates > max_verify_candidates) {
+        return bad("num_candidates is outside [1, max_verify_candidates = 128]");
+      }
+      if (rows_q > 0 && (a.candidate_ids == nullptr || a.candidate_probs == nullptr)) {
+        return bad("candidate_ids / candidate_probs are null");
+      }
+    } else if (a.distribution != draft_distribution::one_hot) {
+      return bad("distribution is not a draft_distribution");
+    }
+    if (!(a.sum_tolerance >= 0.f && a.sum_tolerance < 1.f)) {
+      return bad("sum_tolerance must be in [0, 1)");
+    }
+  }
+  if (a.accepted == nullptr || a.emitted == nullptr || a.next_token == nullptr) {
+    return bad("accepted / emitted / next_token are null");
+  }
+  if (a.status == nullptr) { return bad("status is null"); }
+  return {};
+}
+
+namespace detail::verify {
+
+/// Resolved addressing of one call (strides filled in), shared by kernel and reference.
+struct layout {
+  std::int64_t p_request, p_row, q_request, q_row, rows_q;
+  int row_tokens;  ///< entries per request of draft_tokens (chain d, tree d+1)
+
+  DHISPARSE_HOST_DEVICE static layout of(verify_params const& a)
+  {
+    layout l{};
+    bool const tree = a.topology == draft_topology::tree;
+    l.rows_q        = tree ? std::int64_t(a.max_drafts) + 1 : a.max_drafts;
+    l.p_row         = a.p_row_stride ? a.p_row_stride : a.vocab;
+    l.p_request     = a.p_request_stride ? a.p_request_stride : (std::int64_t(a.max_drafts) + 1) * l.p_row;
+    l.q_row         = a.q_row_stride ? a.q_row_stride : a.vocab;
+    l.q_request     = a.q_request_stride ? a.q_request_stride : l.rows_q * l.q_row;
+    l.row_tokens    = tree ? a.max_drafts + 1 : a.max_drafts;
+    return l;
+  }
+};
+
+/// Status bits of one probability read as part of p (`is_q` false) or q.
+DHISPARSE_HOST_DEVICE DHISPARSE_FORCEINLINE std::uint32_t probability_flags(float x, bool is_q)
+{
+  std::uint32_t f = 0;
+  if (!(x - x == 0.f)) {  // NaN or ±inf
+    f = verify_status::p_not_finite;
+  } else if (x < 0.f) {
+    f = verify_status::p_negative;
+  } else if (x > 1.f) {
+    f = verify_status::p_not_normalized;
+  }
+  return is_q ? f << 3 : f;  // the q_* bits are the p_* bits shifted by 3
+}
+static_assert(verify_status::q_not_finite == verify_status::p_not_finite << 3 &&
+              verify_status::q_negative == verify_status::p_negative << 3 &&
+              verify_status::q_not_normalized == verify_status::p_not_normalized << 3);
+
+/// True when a row's fixed-point mass is 1 within `tolerance` (computed identically on
+/// host and device: uint64 → double rounds to nearest on both).
+DHISPARSE_HOST_DEVICE DHISPARSE_FORCEINLINE bool mass_is_one(std::uint64_t mass, float tolerance)
+{
+  double const m = double(mass) * 0x1p-62;
+  return m - 1.0 <= double(tolerance) && 1.0 - m <= double(tolerance);
+}
+
+}  // namespace detail::verify
+}  // namespace dhisparse
