@@ -21,3 +21,4 @@
 #include <dhisparse/commit.cuh>
 #include <dhisparse/backup.cuh>
 #include <dhisparse/hierarchy.cuh>
+#include <dhisparse/sparse_attention.cuh>

@@ -1,0 +1,170 @@
+/**
+ * @file detail/sparse_attention/launch.cuh
+ * @brief Launch plan (split-K choice, workspace layout) and the launch-level functions
+ *        declared in `dhisparse/sparse_attention.cuh`.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/sparse_attention/combine_kernel.cuh>
+#include <dhisparse/detail/sparse_attention/kernel_common.cuh>
+#include <dhisparse/detail/sparse_attention/mha_kernel.cuh>
+#include <dhisparse/detail/sparse_attention/mla_kernel.cuh>
+#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/error.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+namespace dhisparse::sparse_attention {
+namespace detail {
+
+/// Kernel arguments (without workspace pointers) and sizes of one call.
+struct launch_plan {
+  kernel_args args;
+  std::int64_t units            = 0;  ///< batch x num_queries x units_per_query
+  std::size_t partial_out_elems = 0;  ///< floats of partial outputs in the workspace
+  std::size_t workspace_bytes   = 0;  ///< 0 unless num_splits > 1
+};
+
+/**
+ * @brief Chooses tiles, units and splits. Automatic splits: as many as keep every split's
+ *        CTAs within one wave (`num_sms` x CTAs per SM / CTAs without split), at most
+ *        `max_splits` and the number of tiles; no split is empty.
+ */
+template <class RowFormat>
+launch_plan make_plan(params const& p, int num_sms)
+{
+  using traits = format_traits<RowFormat>;
+  launch_plan plan{};
+  kernel_args& a = plan.args;
+  a.p            = p;
+  a.scale_log2   = p.softmax_scale * log2_e;
+  a.num_tiles    = (p.top_k + tile_n - 1) / tile_n;
+  int ctas_per_sm = 1;
+  if constexpr (traits::is_mla) {
+    a.rows_per_unit   = mla::tile_m;
+    a.group           = p.num_heads;
+    a.m_tiles         = (p.num_heads + mla::tile_m - 1) / mla::tile_m;
+    a.units_per_query = a.m_tiles;
+  } else {
+    a.rows_per_unit   = mha::tile_m;
+    a.group           = p.num_heads / traits::kv_heads;
+    a.m_tiles         = (a.group + mha::tile_m - 1) / mha::tile_m;
+    a.units_per_query = traits::kv_heads * a.m_tiles;
+    ctas_per_sm       = 2;
+  }
+  plan.units = std::int64_t(p.batch) * p.num_queries * a.units_per_query;
+  int splits = p.num_splits;
+  if (splits == 0) {
+    std::int64_t const capacity = std::int64_t(num_sms) * ctas_per_sm;
+    splits = plan.units > 0 ? int(std::clamp<std::int64_t>(capacity / plan.units, 1, max_splits)) : 1;
+  }
+  splits            = std::max(1, std::min(splits, a.num_tiles));
+  a.tiles_per_split = (a.num_tiles + splits - 1) / splits;
+  a.num_splits      = (a.num_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
+  if (a.num_splits > 1) {
+    std::size_t const parts = std::size_t(plan.units) * a.num_splits * a.rows_per_unit;
+    plan.partial_out_elems  = parts * traits::value_dim;
+    plan.workspace_bytes    = plan.partial_out_elems * sizeof(float) + (parts * sizeof(float) + 15) / 16 * 16;
+  }
+  return plan;
+}
+
+/// SM count and compute capability major of the current device.
+inline cudaError_t current_device_shape(int& num_sms, int& major)
+{
+  int device         = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  return status;
+}
+
+}  // namespace detail
+
+template <class RowFormat>
+std::size_t workspace_size(params const& p, int num_sms)
+{
+  validate<RowFormat>(p);
+  DHISPARSE_EXPECTS(num_sms > 0, "sparse_attention::workspace_size: num_sms must be positive");
+  return detail::make_plan<RowFormat>(p, num_sms).workspace_bytes;
+}
+
+template <class RowFormat>
+std::size_t workspace_size(params const& p)
+{
+  int num_sms = 0;
+  int major   = 0;
+  DHISPARSE_CUDA_TRY(detail::current_device_shape(num_sms, major));
+  return workspace_size<RowFormat>(p, num_sms);
+}
+
+template <class RowFormat>
+int num_splits(params const& p, int num_sms)
+{
+  validate<RowFormat>(p);
+  DHISPARSE_EXPECTS(num_sms > 0, "sparse_attention::num_splits: num_sms must be positive");
+  return detail::make_plan<RowFormat>(p, num_sms).args.num_splits;
+}
+
+template <class RowFormat>
+cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream)
+{
+  using traits = format_traits<RowFormat>;
+  if (!check<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
+  if (p.batch == 0) { return cudaSuccess; }
+  int num_sms        = 0;
+  int major          = 0;
+  cudaError_t status = detail::current_device_shape(num_sms, major);
+  if (status != cudaSuccess) { return status; }
+  if (major < 8) { return cudaErrorInvalidDevice; }
+
+  detail::launch_plan const plan = detail::make_plan<RowFormat>(p, num_sms);
+  detail::kernel_args a          = plan.args;
+  if (a.num_splits > 1) {
+    if (workspace == nullptr || workspace_bytes < plan.workspace_bytes ||
+        !detail::aligned_to(workspace, 16)) {
+      return cudaErrorInvalidValue;
+    }
+    a.partial_out = static_cast<float*>(workspace);
+    a.partial_lse = a.partial_out + plan.partial_out_elems;
+  }
+  std::int64_t const grid = plan.units * a.num_splits;
+  if (grid > INT_MAX || std::int64_t(p.batch) * p.num_queries * p.num_heads > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+
+  if constexpr (traits::is_mla) {
+    constexpr int smem = detail::mla::smem_layout<traits::is_fp8>::alloc;
+    auto* kernel       = &detail::mla_attention_kernel<traits::is_fp8>;
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (status != cudaSuccess) { return status; }
+    kernel<<<unsigned(grid), detail::mla::threads, smem, stream>>>(a);
+  } else {
+    constexpr int smem = detail::mha::smem_bytes;
+    auto* kernel       = &detail::mha_attention_kernel<detail::mha::head_dim>;
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (status != cudaSuccess) { return status; }
+    kernel<<<unsigned(grid), detail::mha::threads, smem, stream>>>(a, RowFormat::k_offset,
+                                                                   RowFormat::v_offset);
+  }
+  status = cudaGetLastError();
+  if (status != cudaSuccess) { return status; }
+  if (a.num_splits > 1) {
+    unsigned const combine_grid = unsigned(std::int64_t(p.batch) * p.num_queries * p.num_heads);
+    detail::combine_splits_kernel<traits::value_dim>
+      <<<combine_grid, traits::value_dim / 4, 0, stream>>>(a);
+  }
+  return ::dhisparse::detail::check_launch(stream);
+}
+
+}  // namespace dhisparse::sparse_attention

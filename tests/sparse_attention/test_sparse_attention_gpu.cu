@@ -1,0 +1,326 @@
+// Sparse attention kernels (sparse_attention.cuh) against the host reference
+// (host/sparse_attention.hpp) on random problems with fresh seeds.
+//
+// Built twice: for sm_90a (the wgmma path of the MLA kernel) and for plain sm_90 (the
+// mma.sync path). Tests tagged [small] are the reduced set run under compute-sanitizer.
+//
+// Tolerances (per output head: ||out - ref||_2 / ||ref||_2, ref = exact double reference):
+// - bf16 rows (MLA and MHA): the kernel's inputs are exact; Q·K accumulates in fp32
+//   (relative error ~1e-6); the probabilities are rounded to bf16 for P·V (2^-9 relative,
+//   random sign) and the output is rounded to bf16 (2^-9): expected ~3e-3 per head, bound
+//   1e-2. LSE: fp32 sums and exp2 (~1e-5 absolute), bound 2e-3.
+// - FP8 rows: the kernel dequantizes e4m3 x scale to bf16 (one more 2^-9 rounding of every
+//   K and V element, where the reference keeps the fp32 product). With the test data (tile
+//   magnitudes 0.5..2, scale up to 3/sqrt(576)) a logit moves by up to ~1e-2, so the bound
+//   is 2.5e-2 for the output and 2.5e-2 absolute for the LSE.
+// A wrong tile, row, scale or mask gives errors of order 1 (and unwritten outputs stay NaN).
+#include <dhisparse/host/sparse_attention.hpp>
+#include <dhisparse/sparse_attention.cuh>
+
+#include "gpu_test.cuh"
+#include "problem.hpp"
+#include "random.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+using namespace dhisparse;
+namespace sa = dhisparse::sparse_attention;
+using mla_bf16 = row_format::mla_bf16_576;
+using mla_fp8  = row_format::mla_fp8_656;
+using gqa8     = row_format::mha<8, 128, bf16>;
+using mqa1     = row_format::mha<1, 128, bf16>;
+
+// Instantiations confined to this file (the integrator pattern of CONVENTIONS.md).
+DHISPARSE_SPARSE_ATTENTION_INSTANTIATE(row_format::mla_bf16_576);
+DHISPARSE_SPARSE_ATTENTION_INSTANTIATE(row_format::mla_fp8_656);
+DHISPARSE_SPARSE_ATTENTION_INSTANTIATE(row_format::mha<8, 128, bf16>);
+DHISPARSE_SPARSE_ATTENTION_INSTANTIATE(row_format::mha<1, 128, bf16>);
+
+namespace {
+
+template <class F>
+struct tolerance {
+  static constexpr double out = sa::format_traits<F>::is_fp8 ? 2.5e-2 : 1e-2;
+  static constexpr double lse = sa::format_traits<F>::is_fp8 ? 2.5e-2 : 2e-3;
+};
+
+/// A problem uploaded to the device, outputs poisoned (0xFF bytes: NaN).
+template <class F>
+struct device_problem {
+  test::attention_problem<F> const& host;
+  test::device_vector<std::byte> slab;
+  test::device_vector<bf16> queries;
+  test::device_vector<std::int32_t> slots;
+  test::device_vector<bf16> out;
+  test::device_vector<float> lse;
+  test::device_vector<std::uint32_t> status;
+  test::device_vector<std::byte> workspace;
+  sa::params p;
+
+  explicit device_problem(test::attention_problem<F> const& pb)
+    : host{pb}, slab{pb.slab}, queries{pb.queries}, slots{pb.slots}, out{pb.out_elems()},
+      lse{pb.lse_elems()}, status{std::vector<std::uint32_t>{0u}}
+  {
+    p            = pb.params();
+    p.queries    = queries.data();
+    p.rows       = slab.data() + pb.rows_offset();
+    p.slots      = slots.data();
+    p.out        = out.data();
+    p.lse        = lse.data();
+    p.status     = status.data();
+    workspace    = test::device_vector<std::byte>(sa::workspace_size<F>(p));
+    poison();
+  }
+  void poison()
+  {
+    out.fill_bytes(0xFF);
+    lse.fill_bytes(0xFF);
+  }
+  void run()
+  {
+    REQUIRE(sa::run<F>(p, workspace.data(), workspace.size(), nullptr) == cudaSuccess);
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  }
+};
+
+/// Compares the device outputs of rows b < `real_batch` with the exact reference; rows
+/// beyond must still hold the poison bytes.
+template <class F>
+void compare(device_problem<F>& dp, int real_batch)
+{
+  using traits  = sa::format_traits<F>;
+  auto const& s = dp.host.shape;
+  auto const hp = dp.host.params();
+  std::vector<bf16> const out  = dp.out.download();
+  std::vector<float> const lse = dp.lse.download();
+  std::vector<double> ref(std::size_t(s.num_heads) * traits::value_dim);
+  std::vector<double> ref_lse(std::size_t(s.num_heads));
+  double worst_out = 0, worst_lse = 0;
+  int bad_empty = 0, nan_count = 0, untouched_bad = 0, heads = 0;
+  for (int b = 0; b < s.batch; ++b) {
+    for (int q = 0; q < s.num_queries; ++q) {
+      std::size_t const base = (std::size_t(b) * s.num_queries + q) * s.num_heads;
+      if (b >= real_batch) {
+        for (std::size_t i = base * traits::value_dim; i < (base + s.num_heads) * traits::value_dim; ++i) {
+          untouched_bad += out[i].bits != 0xFFFF;
+        }
+        for (int h = 0; h < s.num_heads; ++h) {
+          std::uint32_t bits;
+          std::memcpy(&bits, &lse[base + h], 4);
+          untouched_bad += bits != 0xFFFFFFFFu;
+        }
+        continue;
+      }
+      host::sparse_attention_exact<F>(hp, b, q, ref.data(), ref_lse.data());
+      for (int h = 0; h < s.num_heads; ++h, ++heads) {
+        bf16 const* o      = &out[(base + h) * traits::value_dim];
+        double const* r    = &ref[std::size_t(h) * traits::value_dim];
+        float const l      = lse[base + h];
+        if (std::isinf(ref_lse[h])) {  // empty selection: exact zeros and -inf
+          bool ok = std::isinf(l) && l < 0;
+          for (int d = 0; d < traits::value_dim; ++d) { ok = ok && o[d].bits == 0; }
+          bad_empty += !ok;
+          continue;
+        }
+        double num = 0, den = 0;
+        for (int d = 0; d < traits::value_dim; ++d) {
+          double const v = host::bf16_to_float(o[d]);
+          nan_count += std::isnan(v);
+          num += (v - r[d]) * (v - r[d]);
+          den += r[d] * r[d];
+        }
+        nan_count += std::isnan(l);
+        worst_out = std::max(worst_out, std::sqrt(num / std::max(den, 1e-30)));
+        worst_lse = std::max(worst_lse, std::fabs(double(l) - ref_lse[h]) / std::max(1.0, std::fabs(ref_lse[h])));
+      }
+    }
+  }
+  INFO("heads " << heads << ": worst relative L2 error " << worst_out << " (bound " << tolerance<F>::out
+                << "), worst LSE error " << worst_lse << " (bound " << tolerance<F>::lse << ")");
+  CHECK(nan_count == 0);
+  CHECK(bad_empty == 0);
+  CHECK(untouched_bad == 0);
+  CHECK(worst_out <= tolerance<F>::out);
+  CHECK(worst_lse <= tolerance<F>::lse);
+}
+
+template <class F>
+void check_case(test::attention_shape const& shape, char const* what)
+{
+  auto rng = test::seeded_engine(what);
+  auto pb  = test::make_problem<F>(rng, shape);
+  device_problem<F> dp(pb);
+  INFO(what << ": B=" << shape.batch << " Q=" << shape.num_queries << " H=" << shape.num_heads
+            << " K=" << shape.top_k << " splits=" << dp.p.num_splits << " (used "
+            << sa::num_splits<F>(dp.p, 132) << " on 132 SMs), layers=" << pb.layers);
+  dp.run();
+  compare(dp, shape.batch);
+  CHECK(dp.status.download()[0] == 0u);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("MLA sparse attention matches the host reference (small)", "[mla][small]", mla_bf16,
+                   mla_fp8)
+{
+  check_case<TestType>({2, 2, 16, 100, 0}, "mla small decode/verify");
+  check_case<TestType>({1, 1, 128, 130, 3}, "mla small split-K, two head tiles");
+}
+
+TEMPLATE_TEST_CASE("MLA sparse attention matches the host reference", "[mla]", mla_bf16, mla_fp8)
+{
+  // Every h_q; Q = 1 and Q > 1; K below, at and above a tile, not a multiple of 64, the
+  // production 2048 and an 8192 union; automatic and forced splits.
+  check_case<TestType>({3, 1, 16, 200, 0}, "mla h16");
+  check_case<TestType>({2, 3, 32, 64, 0}, "mla h32 verify");
+  check_case<TestType>({2, 1, 64, 2048, 1}, "mla h64 K2048 no split");
+  check_case<TestType>({2, 1, 64, 2048, 0}, "mla h64 K2048 auto split");
+  check_case<TestType>({1, 3, 128, 333, 0}, "mla h128 verify");
+  check_case<TestType>({2, 2, 128, 1000, 7}, "mla h128 split 7");
+  check_case<TestType>({1, 1, 16, 8192, 32}, "mla h16 K8192 split 32");
+  check_case<TestType>({4, 2, 64, 7, 0}, "mla K < tile");
+}
+
+TEMPLATE_TEST_CASE("MHA / GQA sparse attention matches the host reference", "[mha][small]", gqa8, mqa1)
+{
+  if constexpr (std::is_same_v<TestType, gqa8>) {
+    check_case<TestType>({2, 2, 8, 77, 0}, "mha (group 1)");
+    check_case<TestType>({2, 1, 64, 1024, 0}, "gqa group 8");
+    check_case<TestType>({1, 2, 64, 300, 3}, "gqa group 8 split 3");
+  } else {
+    check_case<TestType>({2, 2, 16, 129, 0}, "mqa group 16");
+    check_case<TestType>({2, 1, 40, 700, 0}, "mqa group 40 (partial head tile)");
+  }
+}
+
+TEMPLATE_TEST_CASE("rows beyond the device batch size are untouched", "[mla][small]", mla_bf16, mla_fp8)
+{
+  for (int splits : {1, 3}) {
+    auto rng = test::seeded_engine("batch_size");
+    auto pb  = test::make_problem<TestType>(rng, {4, 2, 32, 150, splits});
+    device_problem<TestType> dp(pb);
+    test::device_vector<std::int32_t> batch_size(std::vector<std::int32_t>{2});
+    dp.p.batch_size = batch_size.data();
+    dp.run();
+    INFO("splits " << splits);
+    compare(dp, 2);
+  }
+}
+
+TEST_CASE("invalid slot ids are treated as empty and flagged", "[mla][mha][small]")
+{
+  auto rng = test::seeded_engine("invalid ids");
+  auto pb  = test::make_problem<mla_bf16>(rng, {2, 1, 16, 90, 0});
+  pb.slots[1]  = std::int32_t(pb.num_slots);  // one past the slab
+  pb.slots[2]  = -2;
+  pb.slots[95] = std::numeric_limits<std::int32_t>::max();
+  device_problem<mla_bf16> dp(pb);
+  dp.run();
+  CHECK(dp.status.download()[0] == sa::status_invalid_slot);
+  // The reference skips the same entries (and reports the same bit).
+  compare(dp, 2);
+
+  auto pm = test::make_problem<gqa8>(rng, {1, 1, 8, 40, 0});
+  pm.slots[0] = -100;
+  device_problem<gqa8> dm(pm);
+  dm.run();
+  CHECK(dm.status.download()[0] == sa::status_invalid_slot);
+  compare(dm, 1);
+}
+
+TEMPLATE_TEST_CASE("results are bit-identical across runs", "[mla][mha][small]", mla_bf16, mla_fp8, gqa8)
+{
+  for (int splits : {1, 4}) {
+    auto rng = test::seeded_engine("determinism");
+    auto pb  = test::make_problem<TestType>(rng, {2, 2, 64, 300, splits});
+    device_problem<TestType> dp(pb);
+    dp.run();
+    auto const out1 = dp.out.download();
+    auto const lse1 = dp.lse.download();
+    dp.poison();
+    dp.run();
+    auto const out2 = dp.out.download();
+    auto const lse2 = dp.lse.download();
+    INFO("splits " << splits);
+    CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(bf16)) == 0);
+    CHECK(std::memcmp(lse1.data(), lse2.data(), lse1.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("a captured CUDA graph replays with new selections and batch size", "[graph][small]")
+{
+  auto rng = test::seeded_engine("graph");
+  auto pb  = test::make_problem<mla_fp8>(rng, {3, 2, 64, 200, 2});
+  device_problem<mla_fp8> dp(pb);
+  test::device_vector<std::int32_t> batch_size(std::vector<std::int32_t>{3});
+  dp.p.batch_size = batch_size.data();
+
+  cudaStream_t stream;
+  DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaError_t const launched = sa::run<mla_fp8>(dp.p, dp.workspace.data(), dp.workspace.size(), stream);
+  DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+  REQUIRE(launched == cudaSuccess);
+  DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+
+  DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream));
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  compare(dp, 3);
+
+  // New selections (reversed order, one more entry dropped) and a smaller batch.
+  std::reverse(pb.slots.begin(), pb.slots.end());
+  pb.slots[0] = -1;
+  dp.slots.upload(pb.slots);
+  batch_size.upload({2});
+  dp.poison();
+  DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream));
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  compare(dp, 2);
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("run rejects bad arguments without launching", "[errors][small]")
+{
+  auto rng = test::seeded_engine("bad arguments");
+  auto pb  = test::make_problem<mla_bf16>(rng, {1, 1, 16, 256, 4});
+  device_problem<mla_bf16> dp(pb);
+  REQUIRE(dp.workspace.size() > 0);  // 4 forced splits need a workspace
+
+  sa::params p = dp.p;
+  p.queries    = nullptr;
+  CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);
+  CHECK_THROWS_AS(sa::workspace_size<mla_bf16>(p), dhisparse::error);
+  p            = dp.p;
+  p.num_heads  = 48;
+  CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);
+  p            = dp.p;
+  p.top_k      = sa::max_top_k + 1;
+  CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);
+  p            = dp.p;
+  p.row_stride = mla_bf16::bytes + 8;
+  CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);
+  // Workspace missing, too small or misaligned.
+  CHECK(sa::run<mla_bf16>(dp.p, nullptr, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(sa::run<mla_bf16>(dp.p, dp.workspace.data(), dp.workspace.size() - 16, nullptr) ==
+        cudaErrorInvalidValue);
+  test::device_vector<std::byte> larger(dp.workspace.size() + 16);
+  CHECK(sa::run<mla_bf16>(dp.p, larger.data() + 4, larger.size() - 4, nullptr) == cudaErrorInvalidValue);
+  DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  // Nothing was launched: the outputs still hold the poison.
+  for (auto v : dp.out.download()) { REQUIRE(v.bits == 0xFFFF); }
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
