@@ -3,10 +3,12 @@
  * @brief Kernels of `resolve_async` (see resolve.cuh for the contract).
  *
  * Four launches with fixed shapes:
- * - `begin`:    advance the group's epoch, zero the per-request miss counters and the plan;
- * - `lookup`:   one thread per selection entry: validate, hit → pin, miss → claim;
- * - `allocate`: one block per request: free-pool pops, radix selection of the victims
- *               (8 passes of 8 bits over the 64-bit internal key), assignment, plan;
+ * - `begin`:    advance the group's epoch, reset the plan;
+ * - `lookup`:   one thread per selection entry: validate, hit → pin, miss → claim (the
+ *               claiming entry records the position);
+ * - `allocate`: one block per request: compact its claims in entry order, free-pool pops,
+ *               radix selection of the victims (8 passes of 8 bits over the 64-bit
+ *               internal key), assignment, plan;
  * - `tables`:   one thread per selection entry: the slot table.
  */
 #pragma once
@@ -14,6 +16,8 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/error.cuh>
 #include <dhisparse/status.hpp>
+
+#include <cub/block/block_scan.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -30,8 +34,9 @@ inline constexpr int block_size = 256;
 
 /// Scratch of one resolve, carved from the caller's workspace.
 struct workspace_view {
-  std::int32_t* miss_positions;  ///< [max_batch][miss_capacity] claimed positions
-  std::int32_t* miss_counts;     ///< [max_batch]
+  /// [max_batch][max_queries][top_k]: the position where this entry claimed a miss,
+  /// else -1; compacted in place (in entry order) by `allocate`.
+  std::int32_t* miss_positions;
   std::int32_t* victims;         ///< [max_batch][miss_capacity + max_queries]
   std::uint64_t* keys;           ///< [max_batch][max_owned] eviction keys (~0 = not eligible)
   std::int32_t miss_capacity;    ///< max_queries × top_k
@@ -51,7 +56,6 @@ inline workspace_view carve(void* workspace, int max_batch, int max_queries, int
   };
   workspace_view v{};
   v.miss_positions = reinterpret_cast<std::int32_t*>(take(max_batch * cap * sizeof(std::int32_t)));
-  v.miss_counts    = reinterpret_cast<std::int32_t*>(take(max_batch * sizeof(std::int32_t)));
   v.victims = reinterpret_cast<std::int32_t*>(take(max_batch * (cap + max_queries) * sizeof(std::int32_t)));
   v.keys    = reinterpret_cast<std::uint64_t*>(take(std::size_t(max_batch) * max_owned * sizeof(std::uint64_t)));
   v.miss_capacity = std::int32_t(cap);
@@ -71,13 +75,12 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool valid_selection(std::int32_t const* 
 
 template <int BlockSize>
 DHISPARSE_KERNEL void __launch_bounds__(BlockSize)
-  begin_kernel(resolve_params p, workspace_view w)
+  begin_kernel(resolve_params p)
 {
   if (threadIdx.x == 0) {
     *p.pool.epoch += 1;
     *p.plan.count = 0;
   }
-  for (int b = threadIdx.x; b < p.batch.max_batch; b += BlockSize) { w.miss_counts[b] = 0; }
 }
 
 template <class Eviction, int BlockSize>
@@ -88,6 +91,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize)
   std::int64_t const per_b = std::int64_t(p.batch.max_queries) * p.top_k;
   int const b              = int(idx / per_b);
   if (b >= *p.batch.size) { return; }
+  w.miss_positions[idx] = -1;
   int const q = int((idx % per_b) / p.top_k);
   int const k = int(idx % p.top_k);
   if (q >= p.batch.queries[b]) { return; }
@@ -114,8 +118,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize)
       p.pool.policy_state[slot] = Eviction::on_hit(p.pool.policy_state[slot], epoch);
     }
   } else if (atomicCAS(entry, not_resident, claimed) == not_resident) {
-    std::int32_t const i = atomicAdd(w.miss_counts + b, 1);
-    w.miss_positions[std::int64_t(b) * w.miss_capacity + i] = pos;
+    w.miss_positions[idx] = pos;
   }
 }
 
@@ -193,6 +196,26 @@ DHISPARSE_DEVICE int select_smallest(std::uint64_t const* keys, std::int32_t con
   return written;
 }
 
+/// In-place, order-preserving compaction of the non-negative values of `list[0, n)`;
+/// returns their number. Block-wide.
+template <int BlockSize>
+DHISPARSE_DEVICE int compact_claims(std::int32_t* list, int n)
+{
+  using scan = cub::BlockScan<int, BlockSize>;
+  __shared__ typename scan::TempStorage temp;
+  int written = 0;
+  for (int base = 0; base < n; base += BlockSize) {
+    int const i           = base + int(threadIdx.x);
+    std::int32_t const v  = i < n ? list[i] : -1;
+    int offset = 0, total = 0;
+    scan(temp).ExclusiveSum(v >= 0 ? 1 : 0, offset, total);
+    __syncthreads();  // the chunk is read (and temp reusable) before anything is written
+    if (v >= 0) { list[written + offset] = v; }  // never beyond i: only earlier slots
+    written += total;
+  }
+  return written;
+}
+
 template <class Eviction, int BlockSize>
 DHISPARSE_KERNEL void __launch_bounds__(BlockSize)
   allocate_kernel(resolve_params p, workspace_view w)
@@ -203,12 +226,15 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize)
   std::int32_t const r      = p.batch.requests[b];
   std::int32_t const nq     = p.batch.queries[b];
   std::int32_t const len    = p.batch.lengths[r];
-  std::int32_t const misses = w.miss_counts[b];
   std::uint32_t const epoch = *pool.epoch;
   std::int32_t* owned       = pool.owned + std::int64_t(r) * pool.max_owned;
   std::int32_t const owned_n = pool.owned_count[r];
   std::int32_t* const victims = w.victims + std::int64_t(b) * (w.miss_capacity + p.batch.max_queries);
-  std::int32_t const* const miss_pos = w.miss_positions + std::int64_t(b) * w.miss_capacity;
+  std::int32_t* const miss_pos = w.miss_positions + std::int64_t(b) * w.miss_capacity;
+  // Compact the claimed positions in entry order (for one query: ascending positions, so
+  // the plan walks each request's host pages in address order, and the assignment is
+  // deterministic).
+  std::int32_t const misses = compact_claims<BlockSize>(miss_pos, nq * p.top_k);
 
   __shared__ int tails;      // tail rows with capacity (a prefix of the Q tails)
   __shared__ int popped;     // slots taken from the free stack
@@ -348,7 +374,7 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace,
                            params.top_k, params.pool.max_owned);
   std::int64_t const entries = std::int64_t(params.batch.max_batch) * params.batch.max_queries * params.top_k;
   unsigned const grid        = unsigned((entries + rd::block_size - 1) / rd::block_size);
-  rd::begin_kernel<rd::block_size><<<1, rd::block_size, 0, stream>>>(params, w);
+  rd::begin_kernel<32><<<1, 32, 0, stream>>>(params);
   rd::lookup_kernel<Eviction, rd::block_size><<<grid, rd::block_size, 0, stream>>>(params, w);
   rd::allocate_kernel<Eviction, rd::block_size>
     <<<params.batch.max_batch, rd::block_size, 0, stream>>>(params, w);
