@@ -1,0 +1,155 @@
+/**
+ * @file detail/draft_ring/ref.hpp
+ * @brief The view of a draft ring and its status bits, shared by the CUDA kernels
+ *        (`dhisparse/draft_ring.cuh`) and the host reference (`dhisparse/host/draft_ring.hpp`),
+ *        so it is plain C++. The types are public (namespace `dhisparse`).
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace dhisparse {
+
+/// Bits of a draft ring's status word; each names the argument at fault.
+struct draft_ring_status {
+  enum : std::uint32_t {
+    ok                   = 0,
+    bad_batch_size       = 1u << 0,  ///< `*batch_size` outside [0, capacity] (clamped)
+    bad_count            = 1u << 1,  ///< a count outside [0, max_count], or a rollback before position 0 (skipped)
+    rollback_past_window = 1u << 2,  ///< a rollback longer than the rows held: older rows were already overwritten
+    bad_request          = 1u << 3,  ///< a reset names a request outside [0, capacity) (skipped)
+    bad_start            = 1u << 4,  ///< a reset to a negative start position (skipped)
+  };
+};
+
+/// Human-readable description of a draft ring status word (empty for `ok`).
+inline std::string describe_draft_ring_status(std::uint32_t bits)
+{
+  struct entry {
+    std::uint32_t bit;
+    char const* text;
+  };
+  static constexpr entry table[] = {
+    {draft_ring_status::bad_batch_size, "batch_size: *batch_size is outside [0, capacity]"},
+    {draft_ring_status::bad_count,
+     "counts: a count is outside [0, max_count] (rollback: drafted < accepted, or before position 0)"},
+    {draft_ring_status::rollback_past_window,
+     "drafted/accepted: a rollback removed more rows than the ring held (older rows were overwritten)"},
+    {draft_ring_status::bad_request, "requests: a request index is outside [0, capacity)"},
+    {draft_ring_status::bad_start, "start: a negative start position"},
+  };
+  std::string out;
+  for (auto const& e : table) {
+    if (bits & e.bit) { out += (out.empty() ? "" : "; ") + std::string(e.text); }
+  }
+  return out;
+}
+
+/**
+ * @brief Non-owning view of a draft ring: per request a window of `window` slots, each
+ *        slot holding one row per draft layer. Trivially copyable: pass it to kernels by
+ *        value (device memory) or use it on the host (host memory, the reference).
+ *
+ * Request b holds the rows of logical positions [end[b] − length[b], end[b]); position x
+ * lives in slot x mod window. A draft attention kernel reads the j-th oldest row held with
+ * `row(layer, b, slot_of_index(b, j))`, j in [0, length[b]); a drafter writing its new
+ * rows in place writes the j-th at `row(layer, b, append_slot(b, j))` and then calls
+ * `advance`.
+ */
+struct draft_ring_ref {
+  std::byte* data        = nullptr;  ///< [layers][capacity][window][row_bytes]
+  std::int64_t* end      = nullptr;  ///< [capacity] position after the newest row
+  std::int32_t* length   = nullptr;  ///< [capacity] rows held, ≤ window
+  int capacity           = 0;        ///< B: requests
+  int window             = 0;        ///< W: slots per request
+  int layers             = 0;        ///< rows per slot (draft layers)
+  std::int64_t row_bytes = 0;        ///< bytes of one row, a multiple of 16
+
+  /// Slot of logical position `position` (≥ 0).
+  DHISPARSE_HOST_DEVICE std::int32_t slot(std::int64_t position) const
+  {
+    return std::int32_t(position % window);
+  }
+  /// First byte of the row of `layer` in `slot` of `request`.
+  DHISPARSE_HOST_DEVICE std::byte* row(int layer, int request, std::int32_t slot) const
+  {
+    return data + ((std::int64_t(layer) * capacity + request) * window + slot) * row_bytes;
+  }
+  /// Oldest position held by `request`.
+  DHISPARSE_HOST_DEVICE std::int64_t first_position(int request) const
+  {
+    return end[request] - length[request];
+  }
+  /// Slot of the j-th oldest row held by `request`, j in [0, length[request]).
+  DHISPARSE_HOST_DEVICE std::int32_t slot_of_index(int request, std::int32_t j) const
+  {
+    return slot(first_position(request) + j);
+  }
+  /// Slot that the j-th row appended next to `request` goes to.
+  DHISPARSE_HOST_DEVICE std::int32_t append_slot(int request, std::int32_t j) const
+  {
+    return slot(end[request] + j);
+  }
+  /// Bytes of the rows (the bound on the ring's memory, whatever the context length).
+  DHISPARSE_HOST_DEVICE std::int64_t data_bytes() const
+  {
+    return std::int64_t(layers) * capacity * window * row_bytes;
+  }
+};
+static_assert(std::is_trivially_copyable_v<draft_ring_ref>);
+
+/**
+ * @brief Rows to append (a staging buffer the draft model or the target filled), per
+ *        request `counts[b]` of them. Strides are in bytes; 0 means packed.
+ */
+struct draft_ring_rows {
+  std::byte const* rows        = nullptr;  ///< [capacity][max_count][layers][row_bytes]
+  std::int64_t request_stride  = 0;        ///< 0: max_count · position_stride
+  std::int64_t position_stride = 0;        ///< 0: layers · layer_stride
+  std::int64_t layer_stride    = 0;        ///< 0: row_bytes
+};
+
+namespace detail::draft_ring {
+
+/// Strides of a `draft_ring_rows` with the zeros filled in.
+struct rows_layout {
+  std::int64_t request, position, layer;
+  DHISPARSE_HOST_DEVICE static rows_layout of(draft_ring_rows const& r, draft_ring_ref const& ring,
+                                              int max_count)
+  {
+    rows_layout l{};
+    l.layer    = r.layer_stride ? r.layer_stride : ring.row_bytes;
+    l.position = r.position_stride ? r.position_stride : ring.layers * l.layer;
+    l.request  = r.request_stride ? r.request_stride : max_count * l.position;
+    return l;
+  }
+};
+
+/// Effect of an append / advance of `count` rows on (end, length).
+DHISPARSE_HOST_DEVICE inline void grow(std::int64_t& end, std::int32_t& length, std::int32_t count, int window)
+{
+  end += count;
+  std::int64_t const held = std::int64_t(length) + count;
+  length                  = std::int32_t(held < window ? held : window);
+}
+
+/// Effect of rolling back `count` rows; returns the status bits it raises.
+DHISPARSE_HOST_DEVICE inline std::uint32_t shrink(std::int64_t& end, std::int32_t& length, std::int64_t count)
+{
+  if (count < 0 || count > end) { return draft_ring_status::bad_count; }
+  end -= count;
+  if (count > length) {
+    length = 0;
+    return draft_ring_status::rollback_past_window;
+  }
+  length -= std::int32_t(count);
+  return 0;
+}
+
+}  // namespace detail::draft_ring
+}  // namespace dhisparse

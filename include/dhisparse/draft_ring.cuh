@@ -1,0 +1,332 @@
+/**
+ * @file draft_ring.cuh
+ * @brief Window-bounded ring of the draft model's per-layer KV / context features, per
+ *        request, entirely on the GPU.
+ *
+ * A drafter (DFlash-style block drafter with a sliding window, an MTP head, EAGLE) keeps
+ * per request only the rows of its last W positions. The ring holds them in
+ * B × W slots of `layers` rows each, so its memory is B · W · layers · row_bytes whatever
+ * the context length. Each step, rows of new positions are appended (copied from a
+ * staging buffer, or written in place by the drafter and then `advance`d), and the rows of
+ * rejected draft positions are rolled back; both read their per-request counts from
+ * device memory (e.g. the accepted counts written by `verify_async`), run in fixed shapes
+ * and never synchronize, so they can be captured in a CUDA graph with the rest of a step.
+ * A draft attention kernel reads the window through `draft_ring_ref` (position → slot
+ * across the wrap).
+ *
+ * Bad per-request counts raise bits of `draft_ring_status` in a device word and leave that
+ * request's ring unchanged; `draft_ring::check_status_sync` turns them into an exception.
+ *
+ * @code
+ * dhisparse::draft_ring ring(B, 2048, draft_layers, row_bytes);
+ * // drafter wrote d rows per request at ring.ref().append_slot(b, j):
+ * ring.advance_async(d_drafted, d, nullptr, stream);
+ * dhisparse::verify_async(v, stream);                        // writes v.accepted
+ * ring.rollback_async(d_drafted, v.accepted, nullptr, stream);  // drop the rejected rows
+ * @endcode
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/error.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace dhisparse {
+
+/**
+ * @brief Checks the shape of a ring: positive window and layers, rows a positive multiple
+ *        of 16 bytes (rows are moved in 16-byte vectors). Returns a message naming the
+ *        argument, or an empty string.
+ */
+inline std::string draft_ring_shape_problem(int capacity, int window, int layers, std::int64_t row_bytes)
+{
+  if (capacity < 0) { return "draft_ring: capacity is negative"; }
+  if (window <= 0) { return "draft_ring: window must be positive"; }
+  if (layers <= 0) { return "draft_ring: layers must be positive"; }
+  if (row_bytes <= 0 || row_bytes % 16 != 0) {
+    return "draft_ring: row_bytes (" + std::to_string(row_bytes) + ") must be a positive multiple of 16";
+  }
+  return {};
+}
+
+/// `draft_ring_shape_problem`, and the view's pointers: present, data 16-byte aligned.
+inline std::string draft_ring_ref_problem(draft_ring_ref const& r)
+{
+  std::string const shape = draft_ring_shape_problem(r.capacity, r.window, r.layers, r.row_bytes);
+  if (!shape.empty()) { return shape; }
+  if (r.capacity > 0 && (r.data == nullptr || r.end == nullptr || r.length == nullptr)) {
+    return "draft_ring: data / end / length are null";
+  }
+  if (reinterpret_cast<std::uintptr_t>(r.data) % 16 != 0) { return "draft_ring: data is not 16-byte aligned"; }
+  return {};
+}
+
+/**
+ * @brief Appends `counts[b]` staged rows to each request's ring (asynchronous,
+ *        graph-capturable). Positions end[b] .. end[b] + counts[b] − 1 get the staged rows
+ *        0 .. counts[b] − 1; beyond `window` rows only the last `window` are kept.
+ *
+ * @param ring the ring (device memory)
+ * @param rows staging buffer: `[capacity][max_count][layers][row_bytes]` or strided (bytes,
+ *        multiples of 16, 16-byte aligned)
+ * @param counts device `[capacity]`: rows per request, in [0, max_count]
+ * @param max_count the most rows a request may append (size of the staging buffer)
+ * @param batch_size device `[1]` or nullptr: requests ≥ it are skipped
+ * @param status device word: ORed with `draft_ring_status` bits
+ * @param stream the stream to run on
+ * @return `cudaErrorInvalidValue` on a bad view or arguments, else the launch status
+ */
+inline cudaError_t draft_ring_append_async(draft_ring_ref const& ring, draft_ring_rows const& rows,
+                                    std::int32_t const* counts, int max_count,
+                                    std::int32_t const* batch_size, std::uint32_t* status,
+                                    cudaStream_t stream);
+
+/**
+ * @brief Makes rows the drafter wrote in place (`ring.append_slot(b, j)`, j <
+ *        counts[b]) part of each request's window: end and length advance.
+ * @param ring the ring (device memory)
+ * @param counts device `[capacity]`: rows written per request, in [0, max_count]
+ * @param max_count upper bound of a count (larger counts are flagged and skipped)
+ * @param batch_size device `[1]` or nullptr
+ * @param status device word: ORed with `draft_ring_status` bits
+ * @param stream the stream to run on
+ */
+inline cudaError_t draft_ring_advance_async(draft_ring_ref const& ring, std::int32_t const* counts, int max_count,
+                                     std::int32_t const* batch_size, std::uint32_t* status,
+                                     cudaStream_t stream);
+
+/**
+ * @brief Rolls back the newest `drafted[b] − accepted[b]` positions of each request (the
+ *        rejected drafts), across the wrap. Rolling back more rows than the ring holds
+ *        raises `rollback_past_window` (the older rows were already overwritten) and
+ *        empties it.
+ * @param ring the ring (device memory)
+ * @param drafted device `[capacity]`: rows added for this step's drafts
+ * @param accepted device `[capacity]` or nullptr (0): rows to keep of them
+ * @param batch_size device `[1]` or nullptr
+ * @param status device word: ORed with `draft_ring_status` bits
+ * @param stream the stream to run on
+ */
+inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::int32_t const* drafted,
+                                      std::int32_t const* accepted, std::int32_t const* batch_size,
+                                      std::uint32_t* status, cudaStream_t stream);
+
+/**
+ * @brief Empties the rings of `count` requests (a request slot reused by a new request);
+ *        the next row of requests[i] gets position start[i] (nullptr: 0). Each request may
+ *        appear once.
+ * @param ring the ring (device memory)
+ * @param requests device `[count]` request indices
+ * @param start device `[count]` or nullptr: first position of each new stream
+ * @param count entries (host value)
+ * @param status device word: ORed with `draft_ring_status` bits
+ * @param stream the stream to run on
+ */
+inline cudaError_t draft_ring_reset_async(draft_ring_ref const& ring, std::int32_t const* requests,
+                                   std::int64_t const* start, int count, std::uint32_t* status,
+                                   cudaStream_t stream);
+
+/**
+ * @brief Owning draft ring: the rows (own allocation or caller memory), the per-request
+ *        end / length and a status word, on the current device. Move-only.
+ */
+class draft_ring {
+ public:
+  /// Bytes of the rows of a ring of this shape.
+  static std::size_t rows_bytes(int capacity, int window, int layers, std::size_t row_bytes)
+  {
+    return std::size_t(capacity) * std::size_t(window) * std::size_t(layers) * row_bytes;
+  }
+
+  /**
+   * @brief Allocates a ring for `capacity` requests of `window` slots of `layers` rows of
+   *        `row_bytes` bytes; all requests start empty at position 0. Synchronizes the
+   *        device once (zeroing the metadata).
+   * @param rows caller memory for the rows (≥ `rows_bytes(…)`, 16-byte aligned, not
+   *        freed by the ring) or nullptr to allocate it
+   * @param rows_size bytes available at `rows`
+   * @throws dhisparse::error naming the bad argument, or on a failed allocation
+   */
+  draft_ring(int capacity, int window, int layers, std::size_t row_bytes, void* rows = nullptr,
+             std::size_t rows_size = 0)
+  {
+    ref_.capacity  = capacity;
+    ref_.window    = window;
+    ref_.layers    = layers;
+    ref_.row_bytes = std::int64_t(row_bytes);
+    ref_.data      = static_cast<std::byte*>(rows);
+    std::string problem = draft_ring_shape_problem(capacity, window, layers, ref_.row_bytes);
+    if (problem.empty() && rows && rows_size < rows_bytes(capacity, window, layers, row_bytes)) {
+      problem = "draft_ring: rows_size (" + std::to_string(rows_size) + ") is smaller than the ring (" +
+                std::to_string(rows_bytes(capacity, window, layers, row_bytes)) + " bytes)";
+    }
+    if (problem.empty() && reinterpret_cast<std::uintptr_t>(rows) % 16 != 0) {
+      problem = "draft_ring: rows (caller memory) is not 16-byte aligned";
+    }
+    DHISPARSE_EXPECTS(problem.empty(), problem);
+    std::size_t const meta = std::size_t(capacity) * (sizeof(std::int64_t) + sizeof(std::int32_t)) + 16;
+    DHISPARSE_CUDA_TRY(cudaMalloc(&meta_, meta));
+    if (rows == nullptr && capacity > 0) {
+      cudaError_t const e = cudaMalloc(&owned_rows_, rows_bytes(capacity, window, layers, row_bytes));
+      if (e != cudaSuccess) {
+        cudaFree(meta_);
+        DHISPARSE_CUDA_TRY(e);
+      }
+      ref_.data = static_cast<std::byte*>(owned_rows_);
+    }
+    ref_.end    = static_cast<std::int64_t*>(meta_);
+    ref_.length = reinterpret_cast<std::int32_t*>(ref_.end + capacity);
+    status_     = reinterpret_cast<std::uint32_t*>(ref_.length + capacity);
+    DHISPARSE_CUDA_TRY(cudaMemset(meta_, 0, meta));
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  }
+
+  draft_ring(draft_ring&& o) noexcept { swap(o); }
+  draft_ring& operator=(draft_ring&& o) noexcept
+  {
+    swap(o);
+    return *this;
+  }
+  draft_ring(draft_ring const&)            = delete;
+  draft_ring& operator=(draft_ring const&) = delete;
+  ~draft_ring()
+  {
+    cudaFree(owned_rows_);
+    cudaFree(meta_);
+  }
+
+  /// The view kernels read (device pointers).
+  draft_ring_ref ref() const noexcept { return ref_; }
+  /// Device status word the operations OR their `draft_ring_status` bits into.
+  std::uint32_t* status() const noexcept { return status_; }
+  /// Device memory held: rows plus metadata; independent of context length.
+  std::size_t memory_bytes() const noexcept
+  {
+    return std::size_t(ref_.data_bytes()) + std::size_t(ref_.capacity) * 12 + 16;
+  }
+
+  /// `draft_ring_append_async` on this ring; throws on a bad argument.
+  void append_async(draft_ring_rows const& rows, std::int32_t const* counts, int max_count,
+                    std::int32_t const* batch_size, cudaStream_t stream)
+  {
+    DHISPARSE_CUDA_TRY(draft_ring_append_async(ref_, rows, counts, max_count, batch_size, status_, stream));
+  }
+  /// `draft_ring_advance_async` on this ring; throws on a bad argument.
+  void advance_async(std::int32_t const* counts, int max_count, std::int32_t const* batch_size,
+                     cudaStream_t stream)
+  {
+    DHISPARSE_CUDA_TRY(draft_ring_advance_async(ref_, counts, max_count, batch_size, status_, stream));
+  }
+  /// `draft_ring_rollback_async` on this ring; throws on a bad argument.
+  void rollback_async(std::int32_t const* drafted, std::int32_t const* accepted, std::int32_t const* batch_size,
+                      cudaStream_t stream)
+  {
+    DHISPARSE_CUDA_TRY(draft_ring_rollback_async(ref_, drafted, accepted, batch_size, status_, stream));
+  }
+  /// `draft_ring_reset_async` on this ring; throws on a bad argument.
+  void reset_async(std::int32_t const* requests, std::int64_t const* start, int count, cudaStream_t stream)
+  {
+    DHISPARSE_CUDA_TRY(draft_ring_reset_async(ref_, requests, start, count, status_, stream));
+  }
+
+  /**
+   * @brief Reads and clears the status word (synchronizes `stream`); throws
+   *        `dhisparse::error` describing the bad arguments when it was not zero.
+   */
+  void check_status_sync(cudaStream_t stream)
+  {
+    std::uint32_t bits = 0;
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&bits, status_, sizeof bits, cudaMemcpyDeviceToHost, stream));
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(status_, 0, sizeof bits, stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    DHISPARSE_EXPECTS(bits == 0, "draft_ring: invalid input: " + describe_draft_ring_status(bits));
+  }
+
+ private:
+  void swap(draft_ring& o) noexcept
+  {
+    std::swap(ref_, o.ref_);
+    std::swap(status_, o.status_);
+    std::swap(meta_, o.meta_);
+    std::swap(owned_rows_, o.owned_rows_);
+  }
+
+  draft_ring_ref ref_{};
+  std::uint32_t* status_ = nullptr;
+  void* meta_            = nullptr;
+  void* owned_rows_      = nullptr;
+};
+
+}  // namespace dhisparse
+
+#include <dhisparse/detail/draft_ring/kernels.cuh>
+
+namespace dhisparse {
+
+inline cudaError_t draft_ring_append_async(draft_ring_ref const& ring, draft_ring_rows const& rows,
+                                           std::int32_t const* counts, int max_count,
+                                           std::int32_t const* batch_size, std::uint32_t* status,
+                                           cudaStream_t stream)
+{
+  auto const l   = detail::draft_ring::rows_layout::of(rows, ring, max_count);
+  bool const bad = !draft_ring_ref_problem(ring).empty() || counts == nullptr || status == nullptr ||
+                   max_count < 0 || (max_count > 0 && rows.rows == nullptr) ||
+                   reinterpret_cast<std::uintptr_t>(rows.rows) % 16 != 0 || l.layer % 16 != 0 ||
+                   l.position % 16 != 0 || l.request % 16 != 0;
+  if (bad) { return cudaErrorInvalidValue; }
+  if (ring.capacity == 0) { return cudaSuccess; }
+  detail::draft_ring::append_kernel<0><<<ring.capacity, detail::draft_ring::copy_threads, 0, stream>>>(
+    ring, rows, l, counts, max_count, batch_size, status);
+  return detail::check_launch(stream);
+}
+
+inline cudaError_t draft_ring_advance_async(draft_ring_ref const& ring, std::int32_t const* counts, int max_count,
+                                            std::int32_t const* batch_size, std::uint32_t* status,
+                                            cudaStream_t stream)
+{
+  if (!draft_ring_ref_problem(ring).empty() || counts == nullptr || status == nullptr || max_count < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (ring.capacity == 0) { return cudaSuccess; }
+  int const t = detail::draft_ring::meta_threads;
+  detail::draft_ring::advance_kernel<0><<<(ring.capacity + t - 1) / t, t, 0, stream>>>(ring, counts, max_count,
+                                                                                      batch_size, status);
+  return detail::check_launch(stream);
+}
+
+inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::int32_t const* drafted,
+                                             std::int32_t const* accepted, std::int32_t const* batch_size,
+                                             std::uint32_t* status, cudaStream_t stream)
+{
+  if (!draft_ring_ref_problem(ring).empty() || drafted == nullptr || status == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (ring.capacity == 0) { return cudaSuccess; }
+  int const t = detail::draft_ring::meta_threads;
+  detail::draft_ring::rollback_kernel<0><<<(ring.capacity + t - 1) / t, t, 0, stream>>>(ring, drafted, accepted,
+                                                                                       batch_size, status);
+  return detail::check_launch(stream);
+}
+
+inline cudaError_t draft_ring_reset_async(draft_ring_ref const& ring, std::int32_t const* requests,
+                                          std::int64_t const* start, int count, std::uint32_t* status,
+                                          cudaStream_t stream)
+{
+  if (!draft_ring_ref_problem(ring).empty() || count < 0 || (count > 0 && requests == nullptr) ||
+      status == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) { return cudaSuccess; }
+  int const t = detail::draft_ring::meta_threads;
+  detail::draft_ring::reset_kernel<0><<<(count + t - 1) / t, t, 0, stream>>>(ring, requests, start, count, status);
+  return detail::check_launch(stream);
+}
+
+}  // namespace dhisparse

@@ -1,0 +1,141 @@
+/**
+ * @file host/draft_ring.hpp
+ * @brief Reference backend of the draft ring (plain C++, no CUDA needed): the same
+ *        operations and status bits as `dhisparse::draft_ring`, on host memory, through the
+ *        same `draft_ring_ref` view.
+ */
+#pragma once
+
+#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace dhisparse::host {
+
+/**
+ * @brief Host draft ring: rows, per-request end / length and a status word in host
+ *        memory. Operations take host arrays and behave exactly like the kernels.
+ */
+class draft_ring {
+ public:
+  /**
+   * @brief A ring for `capacity` requests of `window` slots of `layers` rows of
+   *        `row_bytes` bytes, every request empty at position 0; the rows start filled
+   *        with `fill`.
+   * @throws dhisparse::error naming a bad argument
+   */
+  draft_ring(int capacity, int window, int layers, std::size_t row_bytes, std::byte fill = std::byte{0})
+  {
+    DHISPARSE_EXPECTS(capacity >= 0, "draft_ring: capacity is negative");
+    DHISPARSE_EXPECTS(window > 0, "draft_ring: window must be positive");
+    DHISPARSE_EXPECTS(layers > 0, "draft_ring: layers must be positive");
+    DHISPARSE_EXPECTS(row_bytes > 0 && row_bytes % 16 == 0,
+                      "draft_ring: row_bytes (" + std::to_string(row_bytes) + ") must be a positive multiple of 16");
+    rows_.assign(std::size_t(capacity) * window * layers * row_bytes, fill);
+    end_.assign(capacity, 0);
+    length_.assign(capacity, 0);
+    ref_ = draft_ring_ref{rows_.data(), end_.data(), length_.data(), capacity, window, layers,
+                          std::int64_t(row_bytes)};
+  }
+  draft_ring(draft_ring const&)            = delete;
+  draft_ring& operator=(draft_ring const&) = delete;
+
+  /// The view over host memory.
+  draft_ring_ref const& ref() const noexcept { return ref_; }
+  std::uint32_t status() const noexcept { return status_; }
+  void clear_status() noexcept { status_ = 0; }
+  std::vector<std::byte> const& rows() const noexcept { return rows_; }
+  std::vector<std::int64_t> const& end() const noexcept { return end_; }
+  std::vector<std::int32_t> const& length() const noexcept { return length_; }
+
+  /// See `draft_ring_append_async` (host arrays).
+  void append(draft_ring_rows const& rows, std::int32_t const* counts, int max_count, std::int32_t const* batch_size)
+  {
+    auto const l = detail::draft_ring::rows_layout::of(rows, ref_, max_count);
+    for (int b = 0; b < batch(batch_size); ++b) {
+      std::int32_t const count = counts[b];
+      if (count < 0 || count > max_count) {
+        status_ |= draft_ring_status::bad_count;
+        continue;
+      }
+      for (std::int32_t j = std::max(0, count - ref_.window); j < count; ++j) {
+        for (int layer = 0; layer < ref_.layers; ++layer) {
+          std::memcpy(ref_.row(layer, b, ref_.slot(end_[b] + j)), rows.rows + b * l.request + j * l.position + layer * l.layer,
+                      std::size_t(ref_.row_bytes));
+        }
+      }
+      detail::draft_ring::grow(end_[b], length_[b], count, ref_.window);
+    }
+  }
+
+  /// See `draft_ring_advance_async` (host arrays).
+  void advance(std::int32_t const* counts, int max_count, std::int32_t const* batch_size)
+  {
+    for (int b = 0; b < batch(batch_size); ++b) {
+      if (counts[b] < 0 || counts[b] > max_count) {
+        status_ |= draft_ring_status::bad_count;
+        continue;
+      }
+      detail::draft_ring::grow(end_[b], length_[b], counts[b], ref_.window);
+    }
+  }
+
+  /// See `draft_ring_rollback_async` (host arrays).
+  void rollback(std::int32_t const* drafted, std::int32_t const* accepted, std::int32_t const* batch_size)
+  {
+    for (int b = 0; b < batch(batch_size); ++b) {
+      std::int64_t const count = drafted[b] < 0 ? -1 : std::int64_t(drafted[b]) - (accepted ? accepted[b] : 0);
+      std::int64_t e           = end_[b];
+      std::int32_t len         = length_[b];
+      std::uint32_t const bits = detail::draft_ring::shrink(e, len, count);
+      status_ |= bits;
+      if (bits & draft_ring_status::bad_count) { continue; }
+      end_[b]    = e;
+      length_[b] = len;
+    }
+  }
+
+  /// See `draft_ring_reset_async` (host arrays).
+  void reset(std::int32_t const* requests, std::int64_t const* start, int count)
+  {
+    for (int i = 0; i < count; ++i) {
+      std::int32_t const r = requests[i];
+      if (r < 0 || r >= ref_.capacity) {
+        status_ |= draft_ring_status::bad_request;
+        continue;
+      }
+      std::int64_t const s = start ? start[i] : 0;
+      if (s < 0) {
+        status_ |= draft_ring_status::bad_start;
+        continue;
+      }
+      end_[r]    = s;
+      length_[r] = 0;
+    }
+  }
+
+ private:
+  int batch(std::int32_t const* batch_size)
+  {
+    int b = batch_size ? *batch_size : ref_.capacity;
+    if (b < 0 || b > ref_.capacity) {
+      status_ |= draft_ring_status::bad_batch_size;
+      b = b < 0 ? 0 : ref_.capacity;
+    }
+    return b;
+  }
+
+  std::vector<std::byte> rows_;
+  std::vector<std::int64_t> end_;
+  std::vector<std::int32_t> length_;
+  draft_ring_ref ref_{};
+  std::uint32_t status_ = 0;
+};
+
+}  // namespace dhisparse::host
