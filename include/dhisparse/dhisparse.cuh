@@ -22,3 +22,5 @@
 #include <dhisparse/backup.cuh>
 #include <dhisparse/hierarchy.cuh>
 #include <dhisparse/sparse_attention.cuh>
+#include <dhisparse/verify.cuh>
+#include <dhisparse/draft_ring.cuh>
