@@ -54,6 +54,28 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int real_batch(params const& p)
   return n < 0 ? 0 : (n > p.batch ? p.batch : n);
 }
 
+/// What one CTA computes: unit (fastest in the grid), query, split and batch row.
+struct block_coords {
+  int unit;
+  int q;
+  int split;
+  int b;
+};
+
+/// Decodes `blockIdx.x` of a grid of batch x splits x num_queries x units_per_query.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE block_coords decode_block(kernel_args const& a)
+{
+  int block = int(blockIdx.x);
+  block_coords c;
+  c.unit  = block % a.units_per_query;
+  block  /= a.units_per_query;
+  c.q     = block % a.p.num_queries;
+  block  /= a.p.num_queries;
+  c.split = block % a.num_splits;
+  c.b     = block / a.num_splits;
+  return c;
+}
+
 /**
  * @brief Reads selection entry `k` (of `top_k`); returns the slot id, or -1 when the entry
  *        is past the end, -1, or invalid (in which case `report` flags `*status`).

@@ -74,13 +74,11 @@ DHISPARSE_KERNEL void __launch_bounds__(mha::threads) mha_attention_kernel(kerne
   int const lane  = tid & 31;
   int const warp  = tid >> 5;
 
-  int block           = int(blockIdx.x);
-  int const unit      = block % a.units_per_query;
-  block              /= a.units_per_query;
-  int const q         = block % p.num_queries;
-  block              /= p.num_queries;
-  int const split     = block % a.num_splits;
-  int const b         = block / a.num_splits;
+  block_coords const coords = decode_block(a);
+  int const unit            = coords.unit;
+  int const q               = coords.q;
+  int const split           = coords.split;
+  int const b               = coords.b;
   if (b >= real_batch(p)) { return; }
   int const kv_head   = unit / a.m_tiles;
   int const m_tile    = unit - kv_head * a.m_tiles;
@@ -163,7 +161,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mha::threads) mha_attention_kernel(kerne
 #pragma unroll
     for (int kk = 0; kk < mha::head_dim / 16; ++kk) {
       std::uint32_t kb[4];
-      ldmatrix_x4(kb, kbuf + mha::sw256_offset(k_row, 2 * kk + ((lane >> 3) & 1)));
+      ldmatrix_x4<false>(kb, kbuf + mha::sw256_offset(k_row, 2 * kk + ((lane >> 3) & 1)));
       mma_bf16_16816(&s[0], qa[kk], kb[0], kb[1]);
       mma_bf16_16816(&s[4], qa[kk], kb[2], kb[3]);
     }
@@ -210,7 +208,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mha::threads) mha_attention_kernel(kerne
 #pragma unroll
     for (int jj = 0; jj < mha::head_dim / 16; ++jj) {
       std::uint32_t vb[4];
-      ldmatrix_x4_trans(vb, vbuf + mha::sw256_offset(v_row, 2 * jj + (lane >> 4)));
+      ldmatrix_x4<true>(vb, vbuf + mha::sw256_offset(v_row, 2 * jj + (lane >> 4)));
       mma_bf16_16816(&o[8 * jj], pa, vb[0], vb[1]);
       mma_bf16_16816(&o[8 * jj + 4], pa, vb[2], vb[3]);
     }

@@ -104,11 +104,11 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void qk_product(float (&s)[16], std::uint
 #pragma unroll 4
   for (int kk = 0; kk < dim / 16; ++kk) {
     std::uint32_t a[4];
-    ldmatrix_x4(a, q_addr + sw128_offset(a_row, 2 * kk + a_half));
+    ldmatrix_x4<false>(a, q_addr + sw128_offset(a_row, 2 * kk + a_half));
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       std::uint32_t b[4];
-      ldmatrix_x4(b, kv_addr + sw128_offset(b_row + 16 * jj, 2 * kk + b_half));
+      ldmatrix_x4<false>(b, kv_addr + sw128_offset(b_row + 16 * jj, 2 * kk + b_half));
       mma_bf16_16816(&s[8 * jj], a, b[0], b[1]);
       mma_bf16_16816(&s[8 * jj + 4], a, b[2], b[3]);
     }
@@ -141,11 +141,11 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void pv_product(float (&o)[128], std::uin
 #pragma unroll
   for (int kk = 0; kk < tile_n / 16; ++kk) {
     std::uint32_t a[4];
-    ldmatrix_x4(a, p_addr + sw128_offset(a_row, 2 * kk + (lane >> 4)));
+    ldmatrix_x4<false>(a, p_addr + sw128_offset(a_row, 2 * kk + (lane >> 4)));
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       std::uint32_t b[4];
-      ldmatrix_x4_trans(b, kv_addr + sw128_offset(16 * kk + v_row, wg * 32 + 2 * jj + (lane >> 4)));
+      ldmatrix_x4<true>(b, kv_addr + sw128_offset(16 * kk + v_row, wg * 32 + 2 * jj + (lane >> 4)));
       mma_bf16_16816(&o[8 * jj], a, b[0], b[1]);
       mma_bf16_16816(&o[8 * jj + 4], a, b[2], b[3]);
     }
@@ -264,13 +264,11 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   int const warp  = (tid >> 5) & 3;
   int const wg    = tid >> 7;
 
-  int block            = int(blockIdx.x);
-  int const head_tile  = block % a.units_per_query;
-  block               /= a.units_per_query;
-  int const q          = block % p.num_queries;
-  block               /= p.num_queries;
-  int const split      = block % a.num_splits;
-  int const b          = block / a.num_splits;
+  block_coords const coords = decode_block(a);
+  int const head_tile       = coords.unit;
+  int const q               = coords.q;
+  int const split           = coords.split;
+  int const b               = coords.b;
   if (b >= real_batch(p)) { return; }
 
   int const tile_begin = split * a.tiles_per_split;

@@ -73,27 +73,23 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fence_proxy_async()
 #endif
 }
 
-/// Four 8x8 b16 matrices from shared memory; lane l supplies the row address of matrix l / 8.
+/// Four 8x8 b16 matrices from shared memory (each transposed when `Trans`); lane l supplies
+/// the row address of matrix l / 8.
+template <bool Trans>
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-#else
-  r[0] = r[1] = r[2] = r[3] = addr;
-#endif
-}
-
-/// As `ldmatrix_x4`, each matrix transposed.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr)
-{
-#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  }
 #else
   r[0] = r[1] = r[2] = r[3] = addr;
 #endif
