@@ -2,7 +2,8 @@
 // rollback / reset sequences (rows, metadata and status compared after every operation),
 // the view read by a kernel, CUDA-graph replay, caller memory and the owner's checks.
 //
-// Tests tagged [small] are the subset run under compute-sanitizer.
+// Tests tagged [small] are the subset run under compute-sanitizer; with the environment
+// variable DHISPARSE_TEST_SMALL set they also shrink their loops (sanitizers are slow).
 #include <dhisparse/draft_ring.cuh>
 #include <dhisparse/host/draft_ring.hpp>
 
@@ -12,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -19,6 +21,8 @@ using namespace dhisparse;
 using test::device_vector;
 
 namespace {
+
+bool small_run() { return std::getenv("DHISPARSE_TEST_SMALL") != nullptr; }
 
 /// A drafter writing its rows in place: the j-th new row of request b, for j < counts[b],
 /// goes to append_slot(b, j); rows are copied from a packed staging buffer.
@@ -49,6 +53,13 @@ __global__ void gather_window(draft_ring_ref ring, std::byte* out)
   }
 }
 
+/// Device copy of a host vector; an empty vector stays empty (no zero-size copy).
+template <class T>
+device_vector<T> to_device(std::vector<T> const& v)
+{
+  return v.empty() ? device_vector<T>() : device_vector<T>(v);
+}
+
 /// Runs `op` on the device ring (inputs uploaded) and on the host reference.
 void apply_both(draft_ring& dev, host::draft_ring& ref, test::ring_op const& op, cudaStream_t stream)
 {
@@ -56,8 +67,8 @@ void apply_both(draft_ring& dev, host::draft_ring& ref, test::ring_op const& op,
   device_vector<std::int32_t> d_batch(batch);
   switch (op.kind) {
     case test::ring_op_kind::append: {
-      device_vector<std::byte> rows(op.rows);
-      device_vector<std::int32_t> counts(op.counts);
+      device_vector<std::byte> rows      = to_device(op.rows);
+      device_vector<std::int32_t> counts = to_device(op.counts);
       dev.append_async(draft_ring_rows{rows.data()}, counts.data(), op.max_count, d_batch.data(), stream);
       ref.append(draft_ring_rows{op.rows.data()}, op.counts.data(), op.max_count, batch.data());
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -87,8 +98,8 @@ void apply_both(draft_ring& dev, host::draft_ring& ref, test::ring_op const& op,
           }
         }
       }
-      device_vector<std::byte> d_staged(staged);
-      device_vector<std::int32_t> counts(op.counts);
+      device_vector<std::byte> d_staged  = to_device(staged);
+      device_vector<std::int32_t> counts = to_device(op.counts);
       if (r.capacity > 0) {
         write_in_place<<<r.capacity, 64, 0, stream>>>(dev.ref(), d_staged.data(), counts.data(), op.max_count, live);
         DHISPARSE_CUDA_TRY(cudaGetLastError());
@@ -99,15 +110,15 @@ void apply_both(draft_ring& dev, host::draft_ring& ref, test::ring_op const& op,
       break;
     }
     case test::ring_op_kind::rollback: {
-      device_vector<std::int32_t> drafted(op.counts), accepted(op.accepted);
+      device_vector<std::int32_t> drafted = to_device(op.counts), accepted = to_device(op.accepted);
       dev.rollback_async(drafted.data(), op.accepted.empty() ? nullptr : accepted.data(), d_batch.data(), stream);
       ref.rollback(op.counts.data(), op.accepted.empty() ? nullptr : op.accepted.data(), batch.data());
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
       break;
     }
     case test::ring_op_kind::reset: {
-      device_vector<std::int32_t> requests(op.requests);
-      device_vector<std::int64_t> start(op.start);
+      device_vector<std::int32_t> requests = to_device(op.requests);
+      device_vector<std::int64_t> start     = to_device(op.start);
       dev.reset_async(requests.data(), op.start.empty() ? nullptr : start.data(), int(op.requests.size()), stream);
       ref.reset(op.requests.data(), op.start.empty() ? nullptr : op.start.data(), int(op.requests.size()));
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -139,8 +150,8 @@ TEST_CASE("GPU draft ring equals the host reference over random operation sequen
 {
   auto g = test::seeded_engine("draft ring gpu");
   cudaStream_t stream;
-  DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (int round = 0; round < 6; ++round) {
+  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
+  for (int round = 0; round < (small_run() ? 2 : 6); ++round) {
     int const B = std::uniform_int_distribution<int>(1, 6)(g);
     int const W = std::uniform_int_distribution<int>(1, 24)(g);
     int const L = std::uniform_int_distribution<int>(1, 3)(g);
@@ -148,7 +159,7 @@ TEST_CASE("GPU draft ring equals the host reference over random operation sequen
     draft_ring dev(B, W, L, row);
     host::draft_ring ref(B, W, L, row, std::byte{0xAB});
     DHISPARSE_CUDA_TRY(cudaMemset(dev.ref().data, 0xAB, std::size_t(dev.ref().data_bytes())));
-    for (std::uint32_t step = 1; step <= 60; ++step) {
+    for (std::uint32_t step = 1; step <= (small_run() ? 25u : 60u); ++step) {
       test::ring_op const op = test::random_op(ref.ref(), ref.end(), g, step);
       INFO("round " << round << " step " << step << " op " << int(op.kind));
       apply_both(dev, ref, op, stream);
@@ -188,7 +199,7 @@ TEST_CASE("GPU draft ring: a captured append + rollback replays with new counts"
   device_vector<std::byte> rows(std::size_t(B) * max_count * L * row);
   device_vector<std::int32_t> drafted(B), accepted(B);
   cudaStream_t stream;
-  DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
