@@ -37,6 +37,7 @@
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/hierarchy/kernels.cuh>
 #include <dhisparse/detail/policy_traits.hpp>
+#include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/error.cuh>
@@ -59,8 +60,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace dhisparse {
@@ -134,8 +133,6 @@ class kv_hierarchy {
     std::uint32_t* pinned = nullptr;
     DHISPARSE_CUDA_TRY(cudaHostAlloc(&pinned, sizeof(std::uint32_t), cudaHostAllocDefault));
     status_host_.reset(pinned);
-    free_indices_.reserve(config_.max_requests);
-    for (int i = config_.max_requests; i-- > 0;) { free_indices_.push_back(i); }
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
@@ -159,21 +156,9 @@ class kv_hierarchy {
    */
   void admit(request_id id, std::int32_t length, cudaStream_t stream, std::int64_t capacity = -1)
   {
-    DHISPARSE_EXPECTS(index_of_.count(key(id)) == 0,
-                      "admit: request " + std::to_string(key(id)) + " is already admitted");
-    DHISPARSE_EXPECTS(!free_indices_.empty(), "admit: max_requests (" +
-                                                std::to_string(config_.max_requests) +
-                                                ") requests are already admitted");
-    if (capacity < 0) { capacity = std::int64_t(length) + config_.max_queries; }
-    DHISPARSE_EXPECTS(length >= 0 && length <= config_.max_context,
-                      "admit: length (" + std::to_string(length) + ") must be in [0, max_context]");
-    DHISPARSE_EXPECTS(capacity >= length && capacity <= config_.max_context,
-                      "admit: capacity (" + std::to_string(capacity) +
-                        ") must be in [length, max_context]");
-    int const index = free_indices_.back();
+    int const index = requests_.check_admit(id, length, capacity);
     check_storage(index, capacity);
-    free_indices_.pop_back();
-    index_of_[key(id)] = index;
+    requests_.insert(id);
     grow(index, capacity, stream);
     uploader_.upload_value(lengths_.data() + index, length, stream);
   }
@@ -186,9 +171,8 @@ class kv_hierarchy {
    */
   void reserve(request_id id, std::int64_t capacity, cudaStream_t stream)
   {
-    int const index = index_of(id, "reserve");
-    DHISPARSE_EXPECTS(capacity >= 0 && capacity <= config_.max_context,
-                      "reserve: capacity (" + std::to_string(capacity) + ") exceeds max_context");
+    int const index = requests_.index_of(id, "reserve");
+    requests_.check_reserve(capacity);
     check_storage(index, capacity);
     grow(index, capacity, stream);
   }
@@ -201,7 +185,7 @@ class kv_hierarchy {
    */
   void release(request_id id, cudaStream_t stream)
   {
-    int const index = index_of(id, "release");
+    int const index = requests_.index_of(id, "release");
     namespace hd    = detail::hierarchy;
     hd::release_slots_kernel<hd::block_size>
       <<<config_.num_groups(), hd::block_size, 0, stream>>>(pool_refs_.data(), index);
@@ -215,15 +199,14 @@ class kv_hierarchy {
     host_.release(index, stream);
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(lengths_.data() + index, 0, sizeof(std::int32_t), stream));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(capacities_.data() + index, 0, sizeof(std::int32_t), stream));
-    index_of_.erase(key(id));
-    free_indices_.push_back(index);
+    requests_.erase(id);
   }
 
   /// Whether `id` is admitted.
-  [[nodiscard]] bool contains(request_id id) const { return index_of_.count(key(id)) != 0; }
+  [[nodiscard]] bool contains(request_id id) const { return requests_.contains(id); }
 
   /// Admitted requests.
-  [[nodiscard]] std::size_t num_requests() const noexcept { return index_of_.size(); }
+  [[nodiscard]] std::size_t num_requests() const noexcept { return requests_.size(); }
 
   /**
    * @brief Host address of the row of (request, group, layer, position) in the host store.
@@ -233,7 +216,7 @@ class kv_hierarchy {
    */
   [[nodiscard]] std::byte* host_row(request_id id, int group, int layer, std::int64_t position) const
   {
-    return host_.row(index_of(id, "host_row"), group, layer, position);
+    return host_.row(requests_.index_of(id, "host_row"), group, layer, position);
   }
 
   // ------------------------------------------------------------------------------------
@@ -249,23 +232,11 @@ class kv_hierarchy {
    */
   void set_batch(request_id const* ids, std::int32_t const* queries, int count, cudaStream_t stream)
   {
-    DHISPARSE_EXPECTS(count >= 0 && count <= config_.max_batch,
-                      "set_batch: count (" + std::to_string(count) + ") exceeds max_batch (" +
-                        std::to_string(config_.max_batch) + ")");
-    DHISPARSE_EXPECTS(count == 0 || (ids != nullptr && queries != nullptr),
-                      "set_batch: ids and queries must not be null");
+    auto const indices = requests_.batch_indices(ids, queries, count);
     std::vector<std::int32_t> packed(1 + 2 * std::size_t(config_.max_batch), 0);
-    std::unordered_set<std::uint64_t> seen;
     packed[0] = count;
-    for (int b = 0; b < count; ++b) {
-      DHISPARSE_EXPECTS(seen.insert(key(ids[b])).second,
-                        "set_batch: request " + std::to_string(key(ids[b])) + " appears twice");
-      DHISPARSE_EXPECTS(queries[b] >= 1 && queries[b] <= config_.max_queries,
-                        "set_batch: queries[" + std::to_string(b) + "] (" +
-                          std::to_string(queries[b]) + ") must be in [1, max_queries]");
-      packed[1 + b]                     = index_of(ids[b], "set_batch");
-      packed[1 + config_.max_batch + b] = queries[b];
-    }
+    std::copy(indices.begin(), indices.end(), packed.begin() + 1);
+    std::copy(queries, queries + count, packed.begin() + 1 + config_.max_batch);
     uploader_.upload(batch_.data(), packed.data(), packed.size() * sizeof(std::int32_t), stream);
     batch_count_ = count;
   }
@@ -286,11 +257,7 @@ class kv_hierarchy {
    */
   void resolve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream)
   {
-    check_group(group, "resolve");
-    DHISPARSE_EXPECTS(selections != nullptr, "resolve: selections must not be null");
-    DHISPARSE_EXPECTS(top_k >= 1 && top_k <= config_.max_top_k,
-                      "resolve: top_k (" + std::to_string(top_k) + ") must be in [1, max_top_k = " +
-                        std::to_string(config_.max_top_k) + "]");
+    requests_.check_resolve(group, selections, top_k);
     resolve_params p{};
     p.selections  = selections;
     p.top_k       = top_k;
@@ -314,12 +281,7 @@ class kv_hierarchy {
    */
   void retrieve(int group, cudaStream_t stream, int layer_begin = 0, int layer_end = -1)
   {
-    check_group(group, "retrieve");
-    if (layer_end < 0) { layer_end = config_.group_layers[group]; }
-    DHISPARSE_EXPECTS(0 <= layer_begin && layer_begin <= layer_end &&
-                        layer_end <= config_.group_layers[group],
-                      "retrieve: layer range [" + std::to_string(layer_begin) + ", " +
-                        std::to_string(layer_end) + ") out of range");
+    requests_.check_retrieve(group, layer_begin, layer_end);
     retrieve_params p{};
     p.plan            = plan_ref(group);
     p.slab            = pools_[group].slab();
@@ -365,23 +327,21 @@ class kv_hierarchy {
   /// Slot table of the last resolve of `group`: device `[max_batch][max_queries][top_k]`.
   [[nodiscard]] std::int32_t const* slot_table(int group) const
   {
-    check_group(group, "slot_table");
+    requests_.check_group(group, "slot_table");
     return slot_tables_[group % 2].data();
   }
 
   /// Tail slots of the last resolve of `group`: device `[max_batch][max_queries]`, -1 = none.
   [[nodiscard]] std::int32_t const* tail_slots(int group) const
   {
-    check_group(group, "tail_slots");
+    requests_.check_group(group, "tail_slots");
     return tail_slots_.data() + std::size_t(group) * config_.max_batch * config_.max_queries;
   }
 
   /// Rows of layer `layer` of `group` in the slab (attention input, tail row output).
   [[nodiscard]] layer_view layer_rows(int group, int layer) const
   {
-    check_group(group, "layer_rows");
-    DHISPARSE_EXPECTS(layer >= 0 && layer < config_.group_layers[group],
-                      "layer_rows: layer " + std::to_string(layer) + " out of range");
+    requests_.check_layer(group, layer, "layer_rows");
     return {pools_[group].slab() + std::size_t(layer) * RowFormat::bytes,
             pools_[group].group_row_bytes()};
   }
@@ -396,7 +356,7 @@ class kv_hierarchy {
   /// Device view of one group's pool (slot metadata).
   [[nodiscard]] device_pool_ref pool_ref(int group) const
   {
-    check_group(group, "pool_ref");
+    requests_.check_group(group, "pool_ref");
     return pools_[group].ref();
   }
 
@@ -409,7 +369,7 @@ class kv_hierarchy {
   }
 
   /// Internal index of an admitted request (the value kernels see in `batch.requests`).
-  [[nodiscard]] int request_index(request_id id) const { return index_of(id, "request_index"); }
+  [[nodiscard]] int request_index(request_id id) const { return requests_.index_of(id, "request_index"); }
 
   [[nodiscard]] hierarchy_config const& config() const noexcept { return config_; }
   [[nodiscard]] host_store const& store() const noexcept { return host_; }
@@ -438,27 +398,10 @@ class kv_hierarchy {
   }
 
  private:
-  static std::uint64_t key(request_id id) noexcept { return static_cast<std::uint64_t>(id); }
-
   static std::size_t map_pages(hierarchy_config const& c)
   {
     std::size_t const tokens = c.host.capacity_pages * std::size_t(c.host.tokens_per_page);
     return (tokens + c.map_page_positions - 1) / c.map_page_positions + c.max_requests;
-  }
-
-  int index_of(request_id id, char const* what) const
-  {
-    auto const it = index_of_.find(key(id));
-    DHISPARSE_EXPECTS(it != index_of_.end(),
-                      std::string(what) + ": unknown request id " + std::to_string(key(id)));
-    return it->second;
-  }
-
-  void check_group(int group, char const* what) const
-  {
-    DHISPARSE_EXPECTS(group >= 0 && group < config_.num_groups(),
-                      std::string(what) + ": group " + std::to_string(group) + " out of range [0, " +
-                        std::to_string(config_.num_groups()) + ")");
   }
 
   /// Backs [0, capacity) with host pages (whole pages) and map pages; the usable capacity
@@ -504,8 +447,7 @@ class kv_hierarchy {
     void operator()(std::uint32_t* p) const noexcept { cudaFreeHost(p); }
   };
   std::unique_ptr<std::uint32_t, pinned_deleter> status_host_;
-  std::unordered_map<std::uint64_t, int> index_of_;
-  std::vector<int> free_indices_;
+  detail::request_table requests_{config_};
   int batch_count_ = 0;
 };
 

@@ -27,6 +27,7 @@
 
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/page_table.cuh>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
@@ -77,6 +78,93 @@ struct host_store_ref {
 };
 static_assert(std::is_trivially_copyable_v<host_store_ref>);
 
+namespace detail {
+
+/// Move-only owner of the host store's memory: pinned, huge pages or registered caller
+/// memory, mapped into the device address space.
+class pinned_host_memory {
+ public:
+  pinned_host_memory() = default;
+  pinned_host_memory(host_store_config const& config, std::size_t bytes) : kind_{config.memory}
+  {
+    switch (kind_) {
+      case host_memory::pinned:
+        DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes,
+                                         cudaHostAllocMapped | cudaHostAllocPortable));
+        break;
+      case host_memory::huge_pages: {
+        std::size_t const huge = std::size_t{2} << 20;
+        mapped_bytes_          = (bytes + huge - 1) / huge * huge;
+        void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        DHISPARSE_EXPECTS(p != MAP_FAILED,
+                          "host_store: mmap of " + std::to_string(mapped_bytes_) + " bytes failed");
+        ::madvise(p, mapped_bytes_, MADV_HUGEPAGE);  // a hint: no error if THP is off
+        host_ = static_cast<std::byte*>(p);
+        register_memory(mapped_bytes_);
+        break;
+      }
+      case host_memory::caller:
+        DHISPARSE_EXPECTS(config.caller_memory != nullptr,
+                          "host_store: host_memory::caller needs caller_memory");
+        DHISPARSE_EXPECTS(reinterpret_cast<std::uintptr_t>(config.caller_memory) % row_alignment == 0,
+                          "host_store: caller_memory must be 16-byte aligned");
+        DHISPARSE_EXPECTS(config.caller_bytes >= bytes,
+                          "host_store: caller_bytes (" + std::to_string(config.caller_bytes) +
+                            ") is smaller than capacity_pages × page bytes (" + std::to_string(bytes) + ")");
+        host_ = static_cast<std::byte*>(config.caller_memory);
+        if (!config.caller_memory_registered) { register_memory(config.caller_bytes); }
+        break;
+    }
+    DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+  }
+  pinned_host_memory(pinned_host_memory&& o) noexcept { swap(o); }
+  pinned_host_memory& operator=(pinned_host_memory&& o) noexcept
+  {
+    swap(o);
+    return *this;
+  }
+  pinned_host_memory(pinned_host_memory const&)            = delete;
+  pinned_host_memory& operator=(pinned_host_memory const&) = delete;
+  ~pinned_host_memory()
+  {
+    if (host_ == nullptr) { return; }
+    if (registered_) { cudaHostUnregister(host_); }
+    if (kind_ == host_memory::pinned) { cudaFreeHost(host_); }
+    if (kind_ == host_memory::huge_pages) { ::munmap(host_, mapped_bytes_); }
+  }
+
+  [[nodiscard]] std::byte* host() const noexcept { return host_; }
+  [[nodiscard]] std::byte* device() const noexcept { return device_; }
+
+ private:
+  void register_memory(std::size_t bytes)
+  {
+    cudaError_t const status = cudaHostRegister(host_, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (status != cudaSuccess) {
+      if (kind_ == host_memory::huge_pages) { ::munmap(host_, mapped_bytes_); }
+      host_ = nullptr;
+      throw_cuda_error(status, "cudaHostRegister", __FILE__, __LINE__);
+    }
+    registered_ = true;
+  }
+  void swap(pinned_host_memory& o) noexcept
+  {
+    std::swap(kind_, o.kind_);
+    std::swap(host_, o.host_);
+    std::swap(device_, o.device_);
+    std::swap(mapped_bytes_, o.mapped_bytes_);
+    std::swap(registered_, o.registered_);
+  }
+
+  host_memory kind_        = host_memory::pinned;
+  std::byte* host_         = nullptr;
+  std::byte* device_       = nullptr;
+  std::size_t mapped_bytes_ = 0;
+  bool registered_         = false;
+};
+
+}  // namespace detail
+
 /**
  * @brief Owning, move-only host backing store (see the file comment).
  */
@@ -93,65 +181,42 @@ class host_store {
    */
   host_store(host_store_config const& config, std::vector<int> const& group_layers,
              std::size_t row_bytes, int max_requests, int max_context, cudaStream_t stream)
-    : config_{config}, row_bytes_{row_bytes}, group_layers_{group_layers}
+    : config_{config},
+      row_bytes_{row_bytes},
+      group_layers_{group_layers},
+      pages_{"host store", check(config, row_bytes, max_requests, max_context), max_requests,
+             config.tokens_per_page, max_context, stream}
   {
-    DHISPARSE_EXPECTS(row_bytes > 0 && row_bytes % row_alignment == 0,
-                      "host_store: row_bytes (" + std::to_string(row_bytes) +
-                        ") must be a positive multiple of 16");
-    DHISPARSE_EXPECTS(detail::is_power_of_two(config.tokens_per_page),
-                      "host_store: tokens_per_page must be a power of two");
-    DHISPARSE_EXPECTS(config.capacity_pages > 0 && config.capacity_pages < (std::size_t{1} << 31),
-                      "host_store: capacity_pages must be in [1, 2^31)");
-    DHISPARSE_EXPECTS(max_requests > 0 && max_context > 0,
-                      "host_store: max_requests and max_context must be positive");
     std::size_t offset = 0;
     for (int layers : group_layers) {
       DHISPARSE_EXPECTS(layers > 0, "host_store: group_layers entries must be positive");
       layouts_.push_back({offset, std::size_t(layers) * row_bytes});
       offset += std::size_t(config.tokens_per_page) * layers * row_bytes;
     }
-    page_bytes_            = offset;
-    max_pages_per_request_ = (max_context + config.tokens_per_page - 1) / config.tokens_per_page;
+    page_bytes_ = offset;
     while ((1 << page_shift_) < config.tokens_per_page) { ++page_shift_; }
-    allocate();
-    free_pages_.reserve(config.capacity_pages);
-    for (std::size_t p = config.capacity_pages; p-- > 0;) { free_pages_.push_back(std::int32_t(p)); }
-    pages_.resize(max_requests);
-    page_table_ = detail::device_array<std::int32_t>(std::size_t(max_requests) * max_pages_per_request_);
-    page_table_.fill_bytes(0xFF, stream);
+    memory_ = detail::pinned_host_memory(config, page_bytes_ * config.capacity_pages);
   }
 
-  host_store(host_store&& o) noexcept { swap(o); }
-  host_store& operator=(host_store&& o) noexcept
-  {
-    swap(o);
-    return *this;
-  }
-  host_store(host_store const&)            = delete;
-  host_store& operator=(host_store const&) = delete;
-  ~host_store() { free_memory(); }
+  host_store(host_store&&) noexcept            = default;
+  host_store& operator=(host_store&&) noexcept = default;
+  host_store(host_store const&)                = delete;
+  host_store& operator=(host_store const&)     = delete;
+  ~host_store()                                = default;
 
   /// Bytes of one page (all groups, all layers, P tokens).
   [[nodiscard]] std::size_t page_bytes() const noexcept { return page_bytes_; }
   [[nodiscard]] int tokens_per_page() const noexcept { return config_.tokens_per_page; }
   [[nodiscard]] std::size_t capacity_pages() const noexcept { return config_.capacity_pages; }
-  [[nodiscard]] std::size_t free_pages() const noexcept { return free_pages_.size(); }
-  [[nodiscard]] int max_pages_per_request() const noexcept { return max_pages_per_request_; }
+  [[nodiscard]] std::size_t free_pages() const noexcept { return pages_.free_pages(); }
+  [[nodiscard]] int max_pages_per_request() const noexcept { return pages_.max_pages_per_request(); }
   [[nodiscard]] group_layout layout(int group) const { return layouts_.at(group); }
   [[nodiscard]] std::vector<group_layout> const& layouts() const noexcept { return layouts_; }
-
-  /// Pages needed so that positions [0, capacity) of a request are backed.
-  [[nodiscard]] std::size_t pages_for(std::int64_t capacity) const noexcept
-  {
-    return std::size_t((capacity + config_.tokens_per_page - 1) / config_.tokens_per_page);
-  }
 
   /// Pages a request would need beyond what it holds to reach `capacity` positions.
   [[nodiscard]] std::size_t missing_pages(int request, std::int64_t capacity) const
   {
-    std::size_t const want = pages_for(capacity);
-    std::size_t const have = pages_.at(request).size();
-    return want > have ? want - have : 0;
+    return pages_.missing_pages(request, capacity);
   }
 
   /**
@@ -162,40 +227,14 @@ class host_store {
   void grow(int request, std::int64_t capacity, detail::staging_uploader& uploader,
             cudaStream_t stream)
   {
-    DHISPARSE_EXPECTS(capacity >= 0 && pages_for(capacity) <= std::size_t(max_pages_per_request_),
-                      "host_store::grow: capacity (" + std::to_string(capacity) +
-                        ") exceeds max_context");
-    std::size_t const need = missing_pages(request, capacity);
-    DHISPARSE_EXPECTS(need <= free_pages_.size(),
-                      "host store exhausted: request needs " + std::to_string(need) +
-                        " more pages, " + std::to_string(free_pages_.size()) + " free");
-    if (need == 0) { return; }
-    auto& list                = pages_[request];
-    std::size_t const first   = list.size();
-    for (std::size_t i = 0; i < need; ++i) {
-      list.push_back(free_pages_.back());
-      free_pages_.pop_back();
-    }
-    uploader.upload(page_table_.data() + std::size_t(request) * max_pages_per_request_ + first,
-                    list.data() + first, need * sizeof(std::int32_t), stream);
+    pages_.grow(request, capacity, uploader, stream);
   }
 
   /// Returns all pages of `request` to the store; its device table row becomes empty.
-  void release(int request, cudaStream_t stream)
-  {
-    auto& list = pages_.at(request);
-    free_pages_.insert(free_pages_.end(), list.rbegin(), list.rend());
-    list.clear();
-    DHISPARSE_CUDA_TRY(cudaMemsetAsync(
-      page_table_.data() + std::size_t(request) * max_pages_per_request_, 0xFF,
-      std::size_t(max_pages_per_request_) * sizeof(std::int32_t), stream));
-  }
+  void release(int request, cudaStream_t stream) { pages_.release(request, stream); }
 
   /// Positions of `request` currently backed by pages.
-  [[nodiscard]] std::int64_t capacity(int request) const
-  {
-    return std::int64_t(pages_.at(request).size()) * config_.tokens_per_page;
-  }
+  [[nodiscard]] std::int64_t capacity(int request) const { return pages_.capacity(request); }
 
   /**
    * @brief Host address of the row of (request, group, layer, position); the engine writes
@@ -208,112 +247,46 @@ class host_store {
                       "host_store::row: group " + std::to_string(group) + " out of range");
     DHISPARSE_EXPECTS(layer >= 0 && layer < group_layers_[group],
                       "host_store::row: layer " + std::to_string(layer) + " out of range");
-    auto const& list = pages_.at(request);
     DHISPARSE_EXPECTS(position >= 0 && position < capacity(request),
                       "host_store::row: position " + std::to_string(position) +
                         " is not backed by a page");
-    std::size_t const page = std::size_t(list[position >> page_shift_]);
+    std::size_t const page    = std::size_t(pages_.pages(request)[position >> page_shift_]);
     std::size_t const in_page = std::size_t(position) & (config_.tokens_per_page - 1);
-    return host_base_ + page * page_bytes_ + layouts_[group].page_offset +
+    return memory_.host() + page * page_bytes_ + layouts_[group].page_offset +
            in_page * layouts_[group].row_bytes + std::size_t(layer) * row_bytes_;
   }
 
   /// Device view for kernels.
   [[nodiscard]] host_store_ref ref() const noexcept
   {
-    return {device_base_, page_table_.data(), max_pages_per_request_, page_shift_, page_bytes_};
+    return {memory_.device(), pages_.device_table(), pages_.max_pages_per_request(), page_shift_, page_bytes_};
   }
 
  private:
-  void allocate()
+  /// Validates the arguments; returns the page count.
+  static std::size_t check(host_store_config const& config, std::size_t row_bytes, int max_requests,
+                           int max_context)
   {
-    std::size_t const bytes = page_bytes_ * config_.capacity_pages;
-    switch (config_.memory) {
-      case host_memory::pinned:
-        DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_base_), bytes,
-                                         cudaHostAllocMapped | cudaHostAllocPortable));
-        break;
-      case host_memory::huge_pages: {
-        std::size_t const huge = std::size_t{2} << 20;
-        mapped_bytes_          = (bytes + huge - 1) / huge * huge;
-        void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        DHISPARSE_EXPECTS(p != MAP_FAILED, "host_store: mmap of " + std::to_string(mapped_bytes_) +
-                                             " bytes failed");
-        ::madvise(p, mapped_bytes_, MADV_HUGEPAGE);  // a hint: no error if THP is off
-        host_base_ = static_cast<std::byte*>(p);
-        register_memory(mapped_bytes_);
-        break;
-      }
-      case host_memory::caller:
-        DHISPARSE_EXPECTS(config_.caller_memory != nullptr,
-                          "host_store: host_memory::caller needs caller_memory");
-        DHISPARSE_EXPECTS(reinterpret_cast<std::uintptr_t>(config_.caller_memory) % row_alignment == 0,
-                          "host_store: caller_memory must be 16-byte aligned");
-        DHISPARSE_EXPECTS(config_.caller_bytes >= bytes,
-                          "host_store: caller_bytes (" + std::to_string(config_.caller_bytes) +
-                            ") is smaller than capacity_pages × page bytes (" +
-                            std::to_string(bytes) + ")");
-        host_base_ = static_cast<std::byte*>(config_.caller_memory);
-        if (!config_.caller_memory_registered) { register_memory(config_.caller_bytes); }
-        break;
-    }
-    DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_base_), host_base_, 0));
-  }
-
-  void register_memory(std::size_t bytes)
-  {
-    cudaError_t const status =
-      cudaHostRegister(host_base_, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
-    if (status != cudaSuccess) {
-      if (config_.memory == host_memory::huge_pages) { ::munmap(host_base_, mapped_bytes_); }
-      host_base_ = nullptr;
-      detail::throw_cuda_error(status, "cudaHostRegister", __FILE__, __LINE__);
-    }
-    registered_ = true;
-  }
-
-  void free_memory() noexcept
-  {
-    if (host_base_ == nullptr) { return; }
-    if (registered_) { cudaHostUnregister(host_base_); }
-    if (config_.memory == host_memory::pinned) { cudaFreeHost(host_base_); }
-    if (config_.memory == host_memory::huge_pages) { ::munmap(host_base_, mapped_bytes_); }
-    host_base_ = nullptr;
-  }
-
-  void swap(host_store& o) noexcept
-  {
-    std::swap(config_, o.config_);
-    std::swap(row_bytes_, o.row_bytes_);
-    std::swap(group_layers_, o.group_layers_);
-    std::swap(layouts_, o.layouts_);
-    std::swap(page_bytes_, o.page_bytes_);
-    std::swap(max_pages_per_request_, o.max_pages_per_request_);
-    std::swap(page_shift_, o.page_shift_);
-    std::swap(host_base_, o.host_base_);
-    std::swap(device_base_, o.device_base_);
-    std::swap(mapped_bytes_, o.mapped_bytes_);
-    std::swap(registered_, o.registered_);
-    std::swap(free_pages_, o.free_pages_);
-    std::swap(pages_, o.pages_);
-    std::swap(page_table_, o.page_table_);
+    DHISPARSE_EXPECTS(row_bytes > 0 && row_bytes % row_alignment == 0,
+                      "host_store: row_bytes (" + std::to_string(row_bytes) +
+                        ") must be a positive multiple of 16");
+    DHISPARSE_EXPECTS(detail::is_power_of_two(config.tokens_per_page),
+                      "host_store: tokens_per_page must be a power of two");
+    DHISPARSE_EXPECTS(config.capacity_pages > 0 && config.capacity_pages < (std::size_t{1} << 31),
+                      "host_store: capacity_pages must be in [1, 2^31)");
+    DHISPARSE_EXPECTS(max_requests > 0 && max_context > 0,
+                      "host_store: max_requests and max_context must be positive");
+    return config.capacity_pages;
   }
 
   host_store_config config_{};
   std::size_t row_bytes_ = 0;
   std::vector<int> group_layers_;
   std::vector<group_layout> layouts_;
-  std::size_t page_bytes_          = 0;
-  std::int32_t max_pages_per_request_ = 0;
-  std::int32_t page_shift_         = 0;
-  std::byte* host_base_            = nullptr;
-  std::byte* device_base_          = nullptr;
-  std::size_t mapped_bytes_        = 0;
-  bool registered_                 = false;
-  std::vector<std::int32_t> free_pages_;
-  std::vector<std::vector<std::int32_t>> pages_;
-  detail::device_array<std::int32_t> page_table_;
+  std::size_t page_bytes_  = 0;
+  std::int32_t page_shift_ = 0;
+  detail::page_table pages_;
+  detail::pinned_host_memory memory_;
 };
 
 }  // namespace dhisparse

@@ -21,6 +21,7 @@
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/device_memory.cuh>
+#include <dhisparse/detail/page_table.cuh>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
@@ -78,33 +79,22 @@ class residency_map {
    */
   residency_map(int num_groups, int positions_per_page, std::size_t num_pages, int max_requests,
                 int max_context, cudaStream_t stream)
-    : num_groups_{num_groups}, positions_per_page_{positions_per_page}
+    : num_groups_{num_groups},
+      positions_per_page_{check(num_groups, positions_per_page)},
+      directory_{"residency map", num_pages, max_requests, positions_per_page, max_context, stream}
   {
-    DHISPARSE_EXPECTS(num_groups > 0, "residency_map: num_groups must be positive");
-    DHISPARSE_EXPECTS(detail::is_power_of_two(positions_per_page),
-                      "residency_map: positions_per_page must be a power of two");
-    DHISPARSE_EXPECTS(num_pages > 0 && num_pages < (std::size_t{1} << 31),
-                      "residency_map: num_pages must be in [1, 2^31)");
-    max_pages_per_request_ = (max_context + positions_per_page - 1) / positions_per_page;
     while ((1 << page_shift_) < positions_per_page) { ++page_shift_; }
     pages_ = detail::device_array<std::int32_t>(num_pages * num_groups * positions_per_page);
     pages_.fill_bytes(0xFF, stream);
-    directory_ = detail::device_array<std::int32_t>(std::size_t(max_requests) * max_pages_per_request_);
-    directory_.fill_bytes(0xFF, stream);
-    free_pages_.reserve(num_pages);
-    for (std::size_t p = num_pages; p-- > 0;) { free_pages_.push_back(std::int32_t(p)); }
-    request_pages_.resize(max_requests);
   }
 
-  [[nodiscard]] std::size_t free_pages() const noexcept { return free_pages_.size(); }
+  [[nodiscard]] std::size_t free_pages() const noexcept { return directory_.free_pages(); }
   [[nodiscard]] int positions_per_page() const noexcept { return positions_per_page_; }
 
   /// Pages a request would need beyond what it holds to cover `capacity` positions.
   [[nodiscard]] std::size_t missing_pages(int request, std::int64_t capacity) const
   {
-    std::size_t const want = std::size_t((capacity + positions_per_page_ - 1) / positions_per_page_);
-    std::size_t const have = request_pages_.at(request).size();
-    return want > have ? want - have : 0;
+    return directory_.missing_pages(request, capacity);
   }
 
   /**
@@ -114,23 +104,7 @@ class residency_map {
   void grow(int request, std::int64_t capacity, detail::staging_uploader& uploader,
             cudaStream_t stream)
   {
-    DHISPARSE_EXPECTS(capacity >= 0 &&
-                        (capacity + positions_per_page_ - 1) / positions_per_page_ <= max_pages_per_request_,
-                      "residency_map::grow: capacity (" + std::to_string(capacity) +
-                        ") exceeds max_context");
-    std::size_t const need = missing_pages(request, capacity);
-    DHISPARSE_EXPECTS(need <= free_pages_.size(),
-                      "residency_map: page pool exhausted (" + std::to_string(need) +
-                        " pages needed, " + std::to_string(free_pages_.size()) + " free)");
-    if (need == 0) { return; }
-    auto& list              = request_pages_[request];
-    std::size_t const first = list.size();
-    for (std::size_t i = 0; i < need; ++i) {
-      list.push_back(free_pages_.back());
-      free_pages_.pop_back();
-    }
-    uploader.upload(directory_.data() + std::size_t(request) * max_pages_per_request_ + first,
-                    list.data() + first, need * sizeof(std::int32_t), stream);
+    directory_.grow(request, capacity, uploader, stream);
   }
 
   /**
@@ -138,34 +112,32 @@ class residency_map {
    *        them on device (`kv_hierarchy::release` runs the clearing kernel, which reads
    *        the directory); this clears the request's directory row on `stream`.
    */
-  void release(int request, cudaStream_t stream)
-  {
-    auto& list = request_pages_.at(request);
-    free_pages_.insert(free_pages_.end(), list.rbegin(), list.rend());
-    list.clear();
-    DHISPARSE_CUDA_TRY(cudaMemsetAsync(directory_.data() + std::size_t(request) * max_pages_per_request_,
-                                       0xFF, std::size_t(max_pages_per_request_) * sizeof(std::int32_t),
-                                       stream));
-  }
+  void release(int request, cudaStream_t stream) { directory_.release(request, stream); }
 
   /// Device view for kernels.
   [[nodiscard]] residency_map_ref ref() const noexcept
   {
-    return {pages_.data(), directory_.data(), max_pages_per_request_, num_groups_, page_shift_};
+    return {pages_.data(), directory_.device_table(), directory_.max_pages_per_request(), num_groups_,
+            page_shift_};
   }
 
   /// Bytes of device memory held (pages and directory).
-  [[nodiscard]] std::size_t device_bytes() const noexcept { return pages_.bytes() + directory_.bytes(); }
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return pages_.bytes() + directory_.device_bytes(); }
 
  private:
+  static int check(int num_groups, int positions_per_page)
+  {
+    DHISPARSE_EXPECTS(num_groups > 0, "residency_map: num_groups must be positive");
+    DHISPARSE_EXPECTS(detail::is_power_of_two(positions_per_page),
+                      "residency_map: positions_per_page must be a power of two");
+    return positions_per_page;
+  }
+
   int num_groups_;
   int positions_per_page_;
-  std::int32_t max_pages_per_request_ = 0;
-  std::int32_t page_shift_            = 0;
+  std::int32_t page_shift_ = 0;
+  detail::page_table directory_;
   detail::device_array<std::int32_t> pages_;
-  detail::device_array<std::int32_t> directory_;
-  std::vector<std::int32_t> free_pages_;
-  std::vector<std::vector<std::int32_t>> request_pages_;
 };
 
 }  // namespace dhisparse

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <dhisparse/detail/policy_traits.hpp>
+#include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/policy/lru.cuh>
@@ -29,7 +30,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -79,7 +79,6 @@ class kv_hierarchy {
       gs.slot_table.assign(config_.step_entries(), -1);
     }
     requests_.resize(config_.max_requests);
-    for (int i = config_.max_requests; i-- > 0;) { free_indices_.push_back(i); }
     free_host_pages_ = config_.host.capacity_pages;
   }
 
@@ -87,35 +86,22 @@ class kv_hierarchy {
 
   void admit(request_id id, std::int32_t length, std::int64_t capacity = -1)
   {
-    DHISPARSE_EXPECTS(index_of_.count(key(id)) == 0,
-                      "admit: request " + std::to_string(key(id)) + " is already admitted");
-    DHISPARSE_EXPECTS(!free_indices_.empty(), "admit: max_requests (" +
-                                                std::to_string(config_.max_requests) +
-                                                ") requests are already admitted");
-    if (capacity < 0) { capacity = std::int64_t(length) + config_.max_queries; }
-    DHISPARSE_EXPECTS(length >= 0 && length <= config_.max_context,
-                      "admit: length (" + std::to_string(length) + ") must be in [0, max_context]");
-    DHISPARSE_EXPECTS(capacity >= length && capacity <= config_.max_context,
-                      "admit: capacity (" + std::to_string(capacity) +
-                        ") must be in [length, max_context]");
-    int const index = free_indices_.back();
+    int const index = table_.check_admit(id, length, capacity);
     grow(index, capacity);
-    free_indices_.pop_back();
-    index_of_[key(id)]     = index;
+    table_.insert(id);
     requests_[index].length = length;
   }
 
   void reserve(request_id id, std::int64_t capacity)
   {
-    int const index = index_of(id, "reserve");
-    DHISPARSE_EXPECTS(capacity >= 0 && capacity <= config_.max_context,
-                      "reserve: capacity (" + std::to_string(capacity) + ") exceeds max_context");
+    int const index = table_.index_of(id, "reserve");
+    table_.check_reserve(capacity);
     grow(index, capacity);
   }
 
   void release(request_id id)
   {
-    int const index = index_of(id, "release");
+    int const index = table_.index_of(id, "release");
     for (auto& gs : groups_) {
       gs.dirty_list.erase(std::remove_if(gs.dirty_list.begin(), gs.dirty_list.end(),
                                          [&](std::int32_t s) { return gs.owner[s] == index; }),
@@ -131,21 +117,18 @@ class kv_hierarchy {
     auto& rq = requests_[index];
     free_host_pages_ += pages_for(rq.capacity);
     rq = request_state{};
-    index_of_.erase(key(id));
-    free_indices_.push_back(index);
+    table_.erase(id);
   }
 
-  [[nodiscard]] bool contains(request_id id) const { return index_of_.count(key(id)) != 0; }
-  [[nodiscard]] std::size_t num_requests() const noexcept { return index_of_.size(); }
+  [[nodiscard]] bool contains(request_id id) const { return table_.contains(id); }
+  [[nodiscard]] std::size_t num_requests() const noexcept { return table_.size(); }
 
   /// Row of (request, group, layer, position) in the reference host store. Valid until the
   /// request's next `reserve` or `release`.
   [[nodiscard]] std::byte* host_row(request_id id, int group, int layer, std::int64_t position)
   {
-    int const index = index_of(id, "host_row");
-    check_group(group, "host_row");
-    DHISPARSE_EXPECTS(layer >= 0 && layer < config_.group_layers[group],
-                      "host_row: layer " + std::to_string(layer) + " out of range");
+    int const index = table_.index_of(id, "host_row");
+    table_.check_layer(group, layer, "host_row");
     DHISPARSE_EXPECTS(position >= 0 && position < requests_[index].capacity,
                       "host_row: position " + std::to_string(position) + " is not backed by a page");
     return store_row(index, group, std::int32_t(position)) + std::size_t(layer) * RowFormat::bytes;
@@ -155,22 +138,8 @@ class kv_hierarchy {
 
   void set_batch(request_id const* ids, std::int32_t const* queries, int count)
   {
-    DHISPARSE_EXPECTS(count >= 0 && count <= config_.max_batch,
-                      "set_batch: count (" + std::to_string(count) + ") exceeds max_batch (" +
-                        std::to_string(config_.max_batch) + ")");
-    std::unordered_set<std::uint64_t> seen;
-    std::vector<std::int32_t> requests, nq;
-    for (int b = 0; b < count; ++b) {
-      DHISPARSE_EXPECTS(seen.insert(key(ids[b])).second,
-                        "set_batch: request " + std::to_string(key(ids[b])) + " appears twice");
-      DHISPARSE_EXPECTS(queries[b] >= 1 && queries[b] <= config_.max_queries,
-                        "set_batch: queries[" + std::to_string(b) + "] (" +
-                          std::to_string(queries[b]) + ") must be in [1, max_queries]");
-      requests.push_back(index_of(ids[b], "set_batch"));
-      nq.push_back(queries[b]);
-    }
-    batch_requests_ = std::move(requests);
-    batch_queries_  = std::move(nq);
+    batch_requests_ = table_.batch_indices(ids, queries, count);
+    batch_queries_.assign(queries, queries + count);
   }
 
   [[nodiscard]] int batch_count() const noexcept { return int(batch_requests_.size()); }
@@ -180,11 +149,7 @@ class kv_hierarchy {
   /// Reference of resolve.cuh; `selections` is host memory [max_batch][max_queries][top_k].
   void resolve(int group, std::int32_t const* selections, int top_k)
   {
-    check_group(group, "resolve");
-    DHISPARSE_EXPECTS(selections != nullptr, "resolve: selections must not be null");
-    DHISPARSE_EXPECTS(top_k >= 1 && top_k <= config_.max_top_k,
-                      "resolve: top_k (" + std::to_string(top_k) + ") must be in [1, max_top_k = " +
-                        std::to_string(config_.max_top_k) + "]");
+    table_.check_resolve(group, selections, top_k);
     auto& gs = groups_[group];
     ++gs.epoch;
     gs.misses.clear();
@@ -305,11 +270,7 @@ class kv_hierarchy {
   /// Copies the rows of the last resolve's misses of `group` from the host store.
   void retrieve(int group, int layer_begin = 0, int layer_end = -1)
   {
-    check_group(group, "retrieve");
-    if (layer_end < 0) { layer_end = config_.group_layers[group]; }
-    DHISPARSE_EXPECTS(0 <= layer_begin && layer_begin <= layer_end &&
-                        layer_end <= config_.group_layers[group],
-                      "retrieve: layer range out of range");
+    table_.check_retrieve(group, layer_begin, layer_end);
     auto& gs                = groups_[group];
     std::size_t const begin = std::size_t(layer_begin) * RowFormat::bytes;
     std::size_t const bytes = std::size_t(layer_end - layer_begin) * RowFormat::bytes;
@@ -375,9 +336,7 @@ class kv_hierarchy {
   /// Rows of one layer of `group`'s slab.
   [[nodiscard]] layer_view layer_rows(int group, int layer)
   {
-    check_group(group, "layer_rows");
-    DHISPARSE_EXPECTS(layer >= 0 && layer < config_.group_layers[group],
-                      "layer_rows: layer " + std::to_string(layer) + " out of range");
+    table_.check_layer(group, layer, "layer_rows");
     auto& gs = groups_[group];
     return {gs.slab.data() + std::size_t(layer) * RowFormat::bytes, gs.row_bytes};
   }
@@ -386,7 +345,7 @@ class kv_hierarchy {
   /// Positions of request `id` resident in `group`, ascending.
   [[nodiscard]] std::vector<std::int32_t> resident_positions(request_id id, int group) const
   {
-    int const index = index_of(id, "resident_positions");
+    int const index = table_.index_of(id, "resident_positions");
     std::vector<std::int32_t> out;
     auto const& map = groups_.at(group).map[index];
     for (std::size_t p = 0; p < map.size(); ++p) {
@@ -395,8 +354,8 @@ class kv_hierarchy {
     return out;
   }
   /// Committed length of request `id`.
-  [[nodiscard]] std::int32_t length(request_id id) const { return requests_[index_of(id, "length")].length; }
-  [[nodiscard]] int request_index(request_id id) const { return index_of(id, "request_index"); }
+  [[nodiscard]] std::int32_t length(request_id id) const { return requests_[table_.index_of(id, "length")].length; }
+  [[nodiscard]] int request_index(request_id id) const { return table_.index_of(id, "request_index"); }
   [[nodiscard]] std::size_t free_host_pages() const noexcept { return free_host_pages_; }
   [[nodiscard]] hierarchy_config const& config() const noexcept { return config_; }
 
@@ -422,8 +381,6 @@ class kv_hierarchy {
     std::vector<miss> misses;
     std::uint32_t epoch = 0;
   };
-
-  static std::uint64_t key(request_id id) noexcept { return static_cast<std::uint64_t>(id); }
 
   static bool valid_selection(std::int32_t const* query, int k, std::int32_t p, std::int32_t limit)
   {
@@ -462,28 +419,12 @@ class kv_hierarchy {
     return requests_[index].rows.data() + std::size_t(position) * total_row_bytes_ + group_offset_[group];
   }
 
-  int index_of(request_id id, char const* what) const
-  {
-    auto const it = index_of_.find(key(id));
-    DHISPARSE_EXPECTS(it != index_of_.end(),
-                      std::string(what) + ": unknown request id " + std::to_string(key(id)));
-    return it->second;
-  }
-
-  void check_group(int group, char const* what) const
-  {
-    DHISPARSE_EXPECTS(group >= 0 && group < config_.num_groups(),
-                      std::string(what) + ": group " + std::to_string(group) + " out of range [0, " +
-                        std::to_string(config_.num_groups()) + ")");
-  }
-
   hierarchy_config config_;
   std::vector<std::size_t> group_offset_;
   std::size_t total_row_bytes_ = 0;
   std::vector<group_state> groups_;
   std::vector<request_state> requests_;
-  std::unordered_map<std::uint64_t, int> index_of_;
-  std::vector<int> free_indices_;
+  detail::request_table table_{config_};
   std::size_t free_host_pages_ = 0;
   std::vector<std::int32_t> batch_requests_, batch_queries_;
   std::uint32_t status_ = 0;

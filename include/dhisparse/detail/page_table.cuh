@@ -1,0 +1,107 @@
+/**
+ * @file detail/page_table.cuh
+ * @brief A pool of pages handed out to requests, with each request's page list on the host
+ *        and the same lists in a device table `[max_requests][max_pages_per_request]`
+ *        (-1 = none) that kernels read. Shared by `host_store` (pages of host rows) and
+ *        `residency_map` (pages of map entries).
+ */
+#pragma once
+
+#include <dhisparse/detail/device_memory.cuh>
+#include <dhisparse/detail/staging_uploader.cuh>
+#include <dhisparse/error.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dhisparse::detail {
+
+class page_table {
+ public:
+  /**
+   * @param name               what the pages are, for error messages ("host store")
+   * @param num_pages          pages in the pool
+   * @param max_requests       request indices
+   * @param positions_per_page positions one page covers
+   * @param max_context        positions a request may reach
+   */
+  page_table(std::string name, std::size_t num_pages, int max_requests, int positions_per_page,
+             int max_context, cudaStream_t stream)
+    : name_{std::move(name)},
+      positions_per_page_{positions_per_page},
+      max_pages_per_request_{(max_context + positions_per_page - 1) / positions_per_page}
+  {
+    DHISPARSE_EXPECTS(num_pages > 0 && num_pages < (std::size_t{1} << 31),
+                      name_ + ": the number of pages must be in [1, 2^31)");
+    free_.reserve(num_pages);
+    for (std::size_t p = num_pages; p-- > 0;) { free_.push_back(std::int32_t(p)); }  // 0 first
+    lists_.resize(max_requests);
+    device_ = device_array<std::int32_t>(std::size_t(max_requests) * max_pages_per_request_);
+    device_.fill_bytes(0xFF, stream);
+  }
+
+  [[nodiscard]] std::size_t free_pages() const noexcept { return free_.size(); }
+  [[nodiscard]] std::int32_t max_pages_per_request() const noexcept { return max_pages_per_request_; }
+  [[nodiscard]] std::int32_t const* device_table() const noexcept { return device_.data(); }
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return device_.bytes(); }
+  [[nodiscard]] std::vector<std::int32_t> const& pages(int request) const { return lists_.at(request); }
+
+  /// Positions of `request` its pages cover.
+  [[nodiscard]] std::int64_t capacity(int request) const
+  {
+    return std::int64_t(lists_.at(request).size()) * positions_per_page_;
+  }
+
+  /// Pages a request would need beyond what it holds to cover `capacity` positions.
+  [[nodiscard]] std::size_t missing_pages(int request, std::int64_t capacity) const
+  {
+    std::size_t const want = std::size_t((capacity + positions_per_page_ - 1) / positions_per_page_);
+    std::size_t const have = lists_.at(request).size();
+    return want > have ? want - have : 0;
+  }
+
+  /// Covers positions [0, capacity) of `request`; the device table update is ordered on
+  /// `stream`. All or nothing: throws "<name> exhausted" when too few pages are free.
+  void grow(int request, std::int64_t capacity, staging_uploader& uploader, cudaStream_t stream)
+  {
+    DHISPARSE_EXPECTS(capacity >= 0 && (capacity + positions_per_page_ - 1) / positions_per_page_ <=
+                                         max_pages_per_request_,
+                      name_ + ": capacity (" + std::to_string(capacity) + ") exceeds max_context");
+    std::size_t const need = missing_pages(request, capacity);
+    DHISPARSE_EXPECTS(need <= free_.size(), name_ + " exhausted: request needs " + std::to_string(need) +
+                                              " more pages, " + std::to_string(free_.size()) + " free");
+    if (need == 0) { return; }
+    auto& list              = lists_[request];
+    std::size_t const first = list.size();
+    for (std::size_t i = 0; i < need; ++i) {
+      list.push_back(free_.back());
+      free_.pop_back();
+    }
+    uploader.upload(device_.data() + std::size_t(request) * max_pages_per_request_ + first,
+                    list.data() + first, need * sizeof(std::int32_t), stream);
+  }
+
+  /// Returns the pages of `request` to the pool; its device row becomes empty on `stream`.
+  void release(int request, cudaStream_t stream)
+  {
+    auto& list = lists_.at(request);
+    free_.insert(free_.end(), list.rbegin(), list.rend());
+    list.clear();
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(device_.data() + std::size_t(request) * max_pages_per_request_, 0xFF,
+                                       std::size_t(max_pages_per_request_) * sizeof(std::int32_t), stream));
+  }
+
+ private:
+  std::string name_;
+  std::int32_t positions_per_page_;
+  std::int32_t max_pages_per_request_;
+  std::vector<std::int32_t> free_;
+  std::vector<std::vector<std::int32_t>> lists_;
+  device_array<std::int32_t> device_;
+};
+
+}  // namespace dhisparse::detail
