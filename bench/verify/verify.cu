@@ -343,7 +343,14 @@ int main(int argc, char** argv)
       r.bytes_read    = bytes + rep;
       DHISPARSE_CUDA_TRY(verify_async(r, stream));
     });
-    check_verify_status_sync(status, stream);
+    std::uint32_t bits = 0;
+    DHISPARSE_CUDA_TRY(cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost));
+    if (bits != 0) {  // the synthetic inputs are valid: a status bit is a bug, reported and skipped
+      std::printf("%-28s status %#x: %s\n", c.name, bits, describe_verify_status(bits).c_str());
+      cudaFree(chain_cids);
+      cudaFree(chain_cprobs);
+      continue;
+    }
     std::vector<std::uint64_t> read(runs);
     DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), bytes, runs * 8, cudaMemcpyDeviceToHost));
     std::vector<std::int32_t> acc(B);

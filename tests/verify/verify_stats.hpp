@@ -56,6 +56,19 @@ inline double tv_distance(std::vector<double> const& counts, std::vector<double>
 
 inline std::vector<double> to_double(std::vector<float> const& v) { return {v.begin(), v.end()}; }
 
+/// A sampling problem of `trials` requests (one per trial), all with `drafts` nodes.
+inline void init_stats_params(verify_params& a, draft_topology topo, draft_distribution dist, int trials,
+                              int drafts, int V, int K)
+{
+  a.rule           = verify_rule::sampling;
+  a.topology       = topo;
+  a.distribution   = dist;
+  a.capacity       = trials;
+  a.max_drafts     = drafts;
+  a.vocab          = V;
+  a.num_candidates = dist == draft_distribution::candidates ? K : 0;
+}
+
 /// A chain problem whose position distributions are the same in every request: request =
 /// trial. Drafts are drawn per trial from q_i (one-hot: fixed tokens x_i).
 struct chain_stats_problem {
@@ -80,15 +93,8 @@ inline chain_stats_problem make_chain_stats(draft_distribution dist, int trials,
                                             std::mt19937_64& g)
 {
   chain_stats_problem s;
-  verify_case& c   = s.c;
-  verify_params& a = c.a;
-  a.rule           = verify_rule::sampling;
-  a.topology       = draft_topology::chain;
-  a.distribution   = dist;
-  a.capacity       = trials;
-  a.max_drafts     = d;
-  a.vocab          = V;
-  a.num_candidates = dist == draft_distribution::candidates ? K : 0;
+  verify_case& c = s.c;
+  init_stats_params(c.a, draft_topology::chain, dist, trials, d, V, K);
   for (int i = 0; i <= d; ++i) { s.p.push_back(random_distribution(V, g, 1.2)); }
   std::vector<std::int32_t> fixed_tokens(d);
   std::vector<std::vector<std::int32_t>> ids(d);
@@ -220,15 +226,8 @@ inline tree_stats_problem make_tree_stats(draft_distribution dist, int trials, i
                                           std::mt19937_64& g)
 {
   tree_stats_problem s;
-  verify_case& c   = s.c;
-  verify_params& a = c.a;
-  a.rule           = verify_rule::sampling;
-  a.topology       = draft_topology::tree;
-  a.distribution   = dist;
-  a.capacity       = trials;
-  a.max_drafts     = n;
-  a.vocab          = V;
-  a.num_candidates = dist == draft_distribution::candidates ? K : 0;
+  verify_case& c = s.c;
+  init_stats_params(c.a, draft_topology::tree, dist, trials, n, V, K);
   for (int u = 0; u < V; ++u) {
     s.Tp.push_back(random_distribution(V, g, 1.0));
     std::vector<float> q = random_distribution(V, g, 1.0);
