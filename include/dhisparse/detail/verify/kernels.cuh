@@ -345,7 +345,9 @@ class request_block {
       probe(n);
       if (a_.validate_all) { validate_rows(n); }
       __syncthreads();
-      if (sh_.flags == 0) { len = a_.rule == verify_rule::greedy ? walk_greedy() : walk_sampling(); }
+      bool const valid = sh_.flags == 0;
+      __syncthreads();  // every thread has read the flags before the walk may raise more
+      if (valid) { len = a_.rule == verify_rule::greedy ? walk_greedy() : walk_sampling(); }
     }
     __syncthreads();
     write_outputs(len, sh_.flags, false);
