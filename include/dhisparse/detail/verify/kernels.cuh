@@ -146,11 +146,11 @@ __device__ __forceinline__ void raise(shared_state& sh, std::uint32_t bits)
 // Element arithmetic of a pass
 // ---------------------------------------------------------------------------------------
 
-/// Fixed point of an element; equals `to_fixed` for every input (NaN → 0 through fmaxf).
-__device__ __forceinline__ std::uint64_t fixed_of(float x)
-{
-  return __float2ull_rz(fminf(fmaxf(x, 0.f), 1.f) * 0x1p62f);
-}
+/// An element clamped to [0, 1], NaN → 0 (fmaxf returns the non-NaN operand).
+__device__ __forceinline__ float clamp01(float x) { return fminf(fmaxf(x, 0.f), 1.f); }
+
+/// Fixed point of an element; equals `to_fixed` for every input.
+__device__ __forceinline__ std::uint64_t fixed_of(float x) { return __float2ull_rz(clamp01(x) * 0x1p62f); }
 
 /// Status bits of an element, computed only off the fast path.
 __device__ __forceinline__ std::uint32_t element_flags(float x, bool is_q)
@@ -170,7 +170,7 @@ __device__ __forceinline__ std::uint64_t residual_at(std::uint64_t P, std::uint6
 /// Accumulators of one pass.
 struct pass_sums {
   std::uint64_t p = 0, q = 0, r = 0;  ///< fixed-point masses of p, q and R_k
-  float p_float = 0.f, q_float = 0.f;  ///< the same in fp32, to detect wrap-around
+  float p_float = 0.f, q_float = 0.f;  ///< sums of the same clamped values in fp32: wrap-around guard
   std::uint32_t flags = 0;
 };
 
@@ -213,7 +213,8 @@ static_assert(2 * row_loader<4>::loads * 4 * 32 == chunk_unit && 2 * row_loader<
  * masses afterwards); 1: R = max(0, P − Q), the chain case (k = 1, S_0 = 1); 2: k ≥ 1
  * rejections at a tree node, R_k by the recursion with the masses in `sh.mass`.
  * Integer sums wrap (cheaper than saturating); a wrap needs a row mass ≥ 4, which the
- * fp32 sums expose, so the request is flagged and its outputs are discarded.
+ * fp32 sums of the same clamped values expose (flagged as not normalized, as the host's
+ * saturated mass is), so such a request's outputs are discarded.
  */
 template <int Vec, int Mode>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
@@ -245,15 +246,17 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
           for (int e = 0; e < Vec; ++e) {
             float const x = pv[j][e];
             s.flags |= element_flags(x, false);
-            s.p_float += x;
-            std::uint64_t const P = fixed_of(x);
+            float const xc = clamp01(x);
+            s.p_float += xc;
+            std::uint64_t const P = __float2ull_rz(xc * 0x1p62f);
             s.p += P;
             std::uint64_t R = P;
             if constexpr (with_q) {
               float const y = qv[j][e];
               s.flags |= element_flags(y, true);
-              s.q_float += y;
-              std::uint64_t const Q = fixed_of(y);
+              float const yc = clamp01(y);
+              s.q_float += yc;
+              std::uint64_t const Q = __float2ull_rz(yc * 0x1p62f);
               s.q += Q;
               if constexpr (Mode == 1) {
                 R = sub_floor0(P, Q);
@@ -622,7 +625,7 @@ class request_block {
         f |= probability_flags(pr, true);
         Q = to_fixed(pr);
         qmass += Q;
-        qfloat += pr;
+        qfloat += clamp01(pr);
         P = to_fixed(p_row(row)[id]);
       }
       sh_.patch_id[j] = id;
