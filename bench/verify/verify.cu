@@ -335,6 +335,8 @@ int main(int argc, char** argv)
     }
     if (c.dist == draft_distribution::dense && !tree) { a.q_request_stride = std::int64_t(R) * V; }
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes, 0, runs * sizeof(std::uint64_t), stream));
+    a.rng                     = rng;  // checked here; each repetition uses its own offset below
+    a.bytes_read              = bytes;
     std::string const problem = verify_params_problem(a);
     DHISPARSE_EXPECTS(problem.empty(), problem);
     auto ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {

@@ -64,6 +64,31 @@ struct verify_case {
     a.bytes_read      = bytes_read.data();
   }
 
+  verify_case() = default;
+  /// Copies keep `a` pointing at their own vectors (a pointer that named one of the
+  /// source's vectors names the copy's; null or foreign pointers are kept).
+  verify_case(verify_case const& o)
+    : a{o.a},
+      batch_size{o.batch_size}, num_drafts{o.num_drafts}, draft_tokens{o.draft_tokens},
+      first_child{o.first_child}, next_sibling{o.next_sibling}, target_tokens{o.target_tokens},
+      candidate_ids{o.candidate_ids}, p{o.p}, q{o.q}, candidate_probs{o.candidate_probs}, rng{o.rng},
+      accepted{o.accepted}, emitted{o.emitted}, next_token{o.next_token}, accepted_nodes{o.accepted_nodes},
+      request_status{o.request_status}, status{o.status}, bytes_read{o.bytes_read}
+  {
+    rebind_from(o);
+  }
+  verify_case& operator=(verify_case const& o)
+  {
+    if (this != &o) {
+      verify_case copy(o);
+      *this = std::move(copy);
+    }
+    return *this;
+  }
+  // Moving a vector keeps its buffer, so `a` stays valid.
+  verify_case(verify_case&&) noexcept            = default;
+  verify_case& operator=(verify_case&&) noexcept = default;
+
   /// Fills the outputs with values no run produces.
   void poison()
   {
@@ -77,6 +102,34 @@ struct verify_case {
   }
 
   int rows_p() const { return a.max_drafts + 1; }
+
+ private:
+  void rebind_from(verify_case const& o)
+  {
+    auto fix = [](auto& field, auto const& mine, auto const& theirs) {
+      if (field != nullptr && !theirs.empty() && field == theirs.data()) { field = const_cast<std::decay_t<decltype(field)>>(mine.data()); }
+    };
+    fix(a.batch_size, batch_size, o.batch_size);
+    fix(a.num_drafts, num_drafts, o.num_drafts);
+    fix(a.draft_tokens, draft_tokens, o.draft_tokens);
+    fix(a.first_child, first_child, o.first_child);
+    fix(a.next_sibling, next_sibling, o.next_sibling);
+    fix(a.target_tokens, target_tokens, o.target_tokens);
+    fix(a.candidate_ids, candidate_ids, o.candidate_ids);
+    fix(a.p, p, o.p);
+    fix(a.q, q, o.q);
+    fix(a.candidate_probs, candidate_probs, o.candidate_probs);
+    fix(a.rng, rng, o.rng);
+    fix(a.accepted, accepted, o.accepted);
+    fix(a.emitted, emitted, o.emitted);
+    fix(a.next_token, next_token, o.next_token);
+    fix(a.accepted_nodes, accepted_nodes, o.accepted_nodes);
+    fix(a.request_status, request_status, o.request_status);
+    fix(a.status, status, o.status);
+    fix(a.bytes_read, bytes_read, o.bytes_read);
+  }
+
+ public:
   int rows_q() const { return a.topology == draft_topology::tree ? a.max_drafts + 1 : a.max_drafts; }
   std::int64_t p_row_stride() const { return a.p_row_stride ? a.p_row_stride : a.vocab; }
   std::int64_t p_request_stride() const
