@@ -3,19 +3,21 @@
  * @brief Sparse MLA attention kernel (DeepSeek / GLM DSA): queries of 576 (512 latent +
  *        64 rope), one shared latent row per selected token, values = the 512 latent values.
  *
- * One CTA = two warpgroups (256 threads) computes 64 query heads of one (b, q) over one
- * split of its selection, 64 selected rows per tile:
+ * One CTA computes 64 query heads of one (b, q) over one split of its selection, 64
+ * selected rows per tile, with warp-specialized roles:
  *
- * - gather: each thread copies 16-byte chunks of the selected rows with `cp.async` (zero
- *   fill for -1 / invalid entries), straight into the 128-byte-swizzled tile (bf16 rows,
- *   two stages, the next tile in flight while the current one is computed) or into a raw
- *   staging tile that is then dequantized to bf16 with the per-128 tile scales (FP8 rows);
- * - S = Q K^T: warpgroup g computes the 64 x 32 scores of tile columns [32g, 32g + 32)
- *   (36 `wgmma` m64n32k16 on sm_90a, `mma.sync` m16n8k16 otherwise), scaled into the log2
- *   domain, masked to -inf for empty entries;
- * - online softmax: the row maxima of both halves are exchanged through shared memory so
- *   both warpgroups rescale with the same maximum; P (bf16) is written to shared memory;
- * - O += P V: warpgroup g owns output columns [256g, 256g + 256) (128 fp32 accumulators a
+ * - producers (warps 8-11): gather the selected rows of upcoming tiles with 16-byte `cp.async`
+ *   (zero fill for -1 / invalid entries) — straight into the 128-byte-swizzled operand tile
+ *   (bf16 rows, two stages) or into a raw staging tile (FP8 rows) — and signals each tile's
+ *   completion through an mbarrier (`cp.async.mbarrier.arrive`); they never block the
+ *   consumers, whatever the memory system's queueing. On sm_90a the producer warpgroup
+ *   hands its registers to the consumers (`setmaxnreg`: 40 vs 232 per thread);
+ * - consumers (warps 0-7, two warpgroups): FP8 rows are first dequantized to bf16 with the
+ *   per-128 tile scales; S = Q K^T: warpgroup g computes the 64 x 32 scores of tile columns
+ *   [32g, 32g + 32) (36 `wgmma` m64n32k16 on sm_90a, `mma.sync` m16n8k16 otherwise), scaled
+ *   into the log2 domain, masked to -inf for empty entries; online softmax with the row
+ *   maxima of both halves exchanged through shared memory; P (bf16) to shared memory;
+ *   O += P V: warpgroup g owns output columns [256g, 256g + 256) (128 fp32 accumulators a
  *   thread) and multiplies P (64 x 64) by the same tile read as V (MN-major operand).
  *
  * Shared memory (bf16 rows): Q 72 KiB + 2 x 72 KiB tiles + P 8 KiB + reductions = 226 KiB;
@@ -37,7 +39,12 @@
 namespace dhisparse::sparse_attention::detail::mla {
 
 inline constexpr int tile_m         = 64;   ///< query heads per CTA
-inline constexpr int threads        = 256;  ///< two warpgroups
+inline constexpr int consumers      = 256;  ///< two warpgroups
+inline constexpr int producers      = 128;  ///< one warpgroup gathering rows
+inline constexpr int threads        = consumers + producers;
+inline constexpr int producer_registers = 40;   ///< setmaxnreg budgets (sm_90a)
+inline constexpr int consumer_registers = 232;  ///< 256 x 232 + 128 x 40 <= 64 Ki
+inline constexpr int consumer_barrier = 1;  ///< named barrier of the consumer warps
 inline constexpr int dim            = 576;  ///< query / key width
 inline constexpr int value_dim      = 512;  ///< value / output width
 inline constexpr int row_chunks     = dim * 2 / 16;      ///< 16-byte chunks of a bf16 row (72)
@@ -56,8 +63,8 @@ struct smem_layout {
   static constexpr int p   = Fp8 ? (raw + tile_n * fp8_row_bytes + 1023) / 1024 * 1024
                                  : 3 * tile_bytes;
   static constexpr int red   = p + p_bytes;               ///< float max[2][64], sum[2][64]
-  static constexpr int valid = red + 4 * 64 * 4;          ///< int [2][64]
-  static constexpr int bytes = valid + 2 * 64 * 4;
+  static constexpr int bars  = red + 4 * 64 * 4;          ///< mbarriers: full[2], empty[2]
+  static constexpr int bytes = bars + 4 * 8;
   static constexpr int alloc = bytes + 1024;              ///< + slack to align the base
 };
 static_assert(smem_layout<false>::alloc <= 232448, "MLA bf16 tiles exceed 227 KiB");
@@ -153,10 +160,17 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void pv_product(float (&o)[128], std::uin
 #endif
 }
 
-/// Online softmax and both products for one tile already in shared memory at `kv_addr`.
+/// Barrier among the two consumer warpgroups (the producer warp never joins it).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void consumer_sync()
+{
+  named_barrier_sync(consumer_barrier, consumers);
+}
+
+/// Online softmax and both products for one tile already in shared memory at `kv_addr`;
+/// bit c of `valid` tells whether column 32 * wg + c of the tile holds a selected row.
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void attend_tile(std::uint32_t q_addr, std::uint32_t kv_addr,
                                                        std::uint32_t p_addr, unsigned char* p_smem,
-                                                       int const* valid, float* red_max,
+                                                       std::uint32_t valid, float* red_max,
                                                        float scale_log2, float (&o)[128],
                                                        float (&m_row)[2], float (&l_row)[2], int wg,
                                                        int warp, int lane)
@@ -165,11 +179,11 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void attend_tile(std::uint32_t q_addr, st
   qk_product(s, q_addr, kv_addr, wg, warp, lane);
 
   // Scale into the log2 domain; empty entries (zero-filled rows) get -inf.
-  int const col0 = wg * 32 + 2 * (lane & 3);
+  int const col0 = 2 * (lane & 3);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    bool const v0 = valid[col0 + 8 * j] != 0;
-    bool const v1 = valid[col0 + 8 * j + 1] != 0;
+    bool const v0 = (valid >> (col0 + 8 * j)) & 1u;
+    bool const v1 = (valid >> (col0 + 8 * j + 1)) & 1u;
     s[4 * j + 0]  = v0 ? s[4 * j + 0] * scale_log2 : -INFINITY;
     s[4 * j + 1]  = v1 ? s[4 * j + 1] * scale_log2 : -INFINITY;
     s[4 * j + 2]  = v0 ? s[4 * j + 2] * scale_log2 : -INFINITY;
@@ -191,7 +205,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void attend_tile(std::uint32_t q_addr, st
     red_max[wg * 64 + r0]     = mx[0];
     red_max[wg * 64 + r0 + 8] = mx[1];
   }
-  __syncthreads();
+  consumer_sync();
   float m_use[2], alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -231,7 +245,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void attend_tile(std::uint32_t q_addr, st
       pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
   }
   fence_proxy_async();
-  __syncthreads();
+  consumer_sync();
   pv_product(o, p_addr, kv_addr, wg, warp, lane);
 }
 
@@ -280,12 +294,20 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
 
   float* const red_max = reinterpret_cast<float*>(smem + layout::red);  // [2][64]
   float* const red_sum = red_max + 128;                                 // [2][64]
-  int* const valid     = reinterpret_cast<int*>(smem + layout::valid);  // [2][64]
-  std::uint32_t const q_addr  = smem_base + layout::q;
-  std::uint32_t const kv_addr = smem_base + layout::kv;
-  std::uint32_t const p_addr  = smem_base + layout::p;
+  std::uint32_t const q_addr    = smem_base + layout::q;
+  std::uint32_t const kv_addr   = smem_base + layout::kv;
+  std::uint32_t const p_addr    = smem_base + layout::p;
+  std::uint32_t const full_bar  = smem_base + layout::bars;       // + 8 * stage
+  std::uint32_t const empty_bar = smem_base + layout::bars + 16;  // + 8 * stage
+  constexpr int stages          = Fp8 ? 1 : 2;
 
-  // Queries of this head tile (heads beyond num_heads are zero).
+  if (tid == 0) {
+    for (int st = 0; st < stages; ++st) {
+      mbarrier_init(full_bar + 8 * st, mla::producers);   // every producer thread (cp.async)
+      mbarrier_init(empty_bar + 8 * st, mla::consumers);  // every consumer thread
+    }
+  }
+  // Queries of this head tile (heads beyond num_heads are zero), copied by every thread.
   for (int i = tid; i < mla::tile_m * mla::row_chunks; i += mla::threads) {
     int const r  = i / mla::row_chunks;
     int const c  = i - r * mla::row_chunks;
@@ -294,64 +316,82 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
     bf16 const* src = ok ? query + std::int64_t(h) * p.query_stride_head + c * 8 : query;
     cp_async_16(q_addr + sw128_offset(r, c), src, ok);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();  // Q and the mbarriers are ready
 
-  // Gather of one tile: 4 threads per selected row, 16-byte chunks.
-  int const load_row = tid >> 2;
-  int const load_sub = tid & 3;
-  auto issue_tile    = [&](int t, std::uint32_t dst, int* valid_stage) {
-    int const slot = load_slot(p, selection, (tile_begin + t) * tile_n + load_row, load_sub == 0);
-    bool const ok  = slot >= 0;
-    if (load_sub == 0) { valid_stage[load_row] = ok ? 1 : 0; }
-    std::byte const* src = p.rows + (ok ? std::size_t(slot) * p.row_stride : 0);
-    if constexpr (!Fp8) {
+  if (tid >= mla::consumers) {
+    // Producers: warp w gathers rows [16w, 16w + 16) of a tile, lane l its 16-byte chunks
+    // l, l + 32, l + 64 (512 contiguous bytes of one row per warp instruction).
+    set_max_registers<false, mla::producer_registers>();
+    int const row0 = ((tid - mla::consumers) >> 5) * 16;
+    for (int t = 0; t < n_tiles; ++t) {
+      int const st = Fp8 ? 0 : (t & 1);
+      if (t >= stages) { mbarrier_wait(empty_bar + 8 * st, std::uint32_t((t / stages - 1) & 1)); }
+      int const my_slot =
+        lane < 16 ? load_slot(p, selection, (tile_begin + t) * tile_n + row0 + lane, true) : -1;
+      std::uint32_t const dst =
+        Fp8 ? smem_base + layout::raw : kv_addr + std::uint32_t(st) * mla::tile_bytes;
+#pragma unroll 4
+      for (int i = 0; i < 16; ++i) {
+        int const r          = row0 + i;
+        int const slot       = __shfl_sync(0xFFFFFFFFu, my_slot, i);
+        bool const ok        = slot >= 0;
+        std::byte const* src = p.rows + (ok ? std::size_t(slot) * p.row_stride : 0);
+        if constexpr (!Fp8) {
 #pragma unroll
-      for (int j = 0; j < mla::row_chunks / 4; ++j) {
-        int const c = load_sub + 4 * j;
-        cp_async_16(dst + sw128_offset(load_row, c), src + 16 * c, ok);
-      }
-    } else {
+          for (int j = 0; j < 3; ++j) {
+            int const c = lane + 32 * j;
+            if (c < mla::row_chunks) { cp_async_16(dst + sw128_offset(r, c), src + 16 * c, ok); }
+          }
+        } else {
 #pragma unroll
-      for (int j = 0; j < (mla::fp8_row_chunks + 3) / 4; ++j) {
-        int const c = load_sub + 4 * j;
-        if (c < mla::fp8_row_chunks) {
-          cp_async_16(dst + std::uint32_t(load_row * mla::fp8_row_bytes + 16 * c), src + 16 * c, ok);
+          for (int j = 0; j < 2; ++j) {
+            int const c = lane + 32 * j;
+            if (c < mla::fp8_row_chunks) {
+              cp_async_16(dst + std::uint32_t(r * mla::fp8_row_bytes + 16 * c), src + 16 * c, ok);
+            }
+          }
         }
       }
+      cp_async_mbarrier_arrive(full_bar + 8 * st);
     }
-  };
+    cp_async_wait<0>();
+    return;
+  }
+  set_max_registers<true, mla::consumer_registers>();
 
+  // Consumers. Validity of this warpgroup's 32 columns of a tile: one slot id per lane,
+  // read one tile ahead.
+  auto column_slot = [&](int t) {
+    return load_slot(p, selection, (tile_begin + t) * tile_n + wg * 32 + lane, false);
+  };
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) { o[i] = 0.f; }
   float m_row[2] = {-INFINITY, -INFINITY};
   float l_row[2] = {0.f, 0.f};
+  int slot_next  = n_tiles > 0 ? column_slot(0) : -1;
 
-  if constexpr (!Fp8) {
-    issue_tile(0, kv_addr, valid);
-    cp_async_commit();
-    for (int t = 0; t < n_tiles; ++t) {
-      int const stage = t & 1;
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();  // tile t (and Q) visible; every thread is done with tile t - 1
-      if (t + 1 < n_tiles) {
-        issue_tile(t + 1, kv_addr + (stage ^ 1) * mla::tile_bytes, valid + (stage ^ 1) * 64);
-      }
-      cp_async_commit();
-      mla::attend_tile(q_addr, kv_addr + stage * mla::tile_bytes, p_addr, smem + layout::p,
-                       valid + stage * 64, red_max, a.scale_log2, o, m_row, l_row, wg, warp, lane);
-    }
-  } else {
-    unsigned char const* raw = smem + layout::raw;
-    issue_tile(0, smem_base + layout::raw, valid);
-    cp_async_commit();
-    for (int t = 0; t < n_tiles; ++t) {
-      cp_async_wait<0>();
-      __syncthreads();  // raw tile t visible; every thread is done with the bf16 tile t - 1
+  for (int t = 0; t < n_tiles; ++t) {
+    std::uint32_t const valid = __ballot_sync(0xFFFFFFFFu, slot_next >= 0);
+    if (t + 1 < n_tiles) { slot_next = column_slot(t + 1); }
+    if constexpr (!Fp8) {
+      int const st = t & 1;
+      mbarrier_wait(full_bar + 8 * st, std::uint32_t((t >> 1) & 1));
+      fence_proxy_async();  // the producer's cp.async writes, read by wgmma (async proxy)
+      mla::attend_tile(q_addr, kv_addr + st * mla::tile_bytes, p_addr, smem + layout::p, valid,
+                       red_max, a.scale_log2, o, m_row, l_row, wg, warp, lane);
+      mbarrier_arrive(empty_bar + 8 * st);  // this thread's reads of the stage are complete
+    } else {
+      unsigned char const* raw = smem + layout::raw;
+      mbarrier_wait(full_bar, std::uint32_t(t & 1));
+      mla::consumer_sync();  // every consumer is done with the bf16 tile t - 1
       // Dequantize: 64 rows x 64 units of 8 latent values, then copy the bf16 rope part.
 #pragma unroll 4
-      for (int j = 0; j < tile_n * 64 / mla::threads; ++j) {
-        int const i  = tid + mla::threads * j;
+      for (int j = 0; j < tile_n * 64 / mla::consumers; ++j) {
+        int const i  = tid + mla::consumers * j;
         int const r  = i >> 6;
         int const u  = i & 63;
         unsigned char const* row = raw + r * mla::fp8_row_bytes;
@@ -364,22 +404,19 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
         w.w = mla::e4m3x2_to_bf16x2(v.y >> 16, sc);
         *reinterpret_cast<uint4*>(smem + layout::kv + sw128_offset(r, u)) = w;
       }
-      for (int i = tid; i < tile_n * 8; i += mla::threads) {
+      for (int i = tid; i < tile_n * 8; i += mla::consumers) {
         int const r = i >> 3;
         int const c = i & 7;
         *reinterpret_cast<uint4*>(smem + layout::kv + sw128_offset(r, 64 + c)) =
           *reinterpret_cast<uint4 const*>(raw + r * mla::fp8_row_bytes + 528 + 16 * c);
       }
+      mbarrier_arrive(empty_bar);  // the raw tile may be refilled
       fence_proxy_async();
-      __syncthreads();  // bf16 tile t visible; the raw tile is free
-      if (t + 1 < n_tiles) { issue_tile(t + 1, smem_base + layout::raw, valid + ((t + 1) & 1) * 64); }
-      cp_async_commit();
-      mla::attend_tile(q_addr, kv_addr, p_addr, smem + layout::p, valid + (t & 1) * 64, red_max,
-                       a.scale_log2, o, m_row, l_row, wg, warp, lane);
+      mla::consumer_sync();  // the bf16 tile t is complete
+      mla::attend_tile(q_addr, kv_addr, p_addr, smem + layout::p, valid, red_max, a.scale_log2, o,
+                       m_row, l_row, wg, warp, lane);
     }
   }
-
-  cp_async_wait<0>();  // nothing may stay in flight when the CTA ends (empty selections)
 
   // Row sums: the quad's columns, then both warpgroups (same order in both: deterministic).
 #pragma unroll
@@ -392,7 +429,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
     red_sum[wg * 64 + r0]     = l_row[0];
     red_sum[wg * 64 + r0 + 8] = l_row[1];
   }
-  __syncthreads();
+  mla::consumer_sync();
 
   int const col = wg * 256 + 2 * (lane & 3);
 #pragma unroll

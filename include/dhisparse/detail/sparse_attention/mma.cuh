@@ -73,6 +73,90 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fence_proxy_async()
 #endif
 }
 
+/// Initializes an mbarrier in shared memory expecting `count` arrivals per phase.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_init(std::uint32_t addr, std::uint32_t count)
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+#else
+  (void)addr;
+  (void)count;
+#endif
+}
+
+/// Arrives on an mbarrier (release semantics for this thread's prior memory accesses).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive(std::uint32_t addr)
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(addr)
+               : "memory");
+#else
+  (void)addr;
+#endif
+}
+
+/// Arrives on an mbarrier once all of this thread's prior `cp.async` copies have completed
+/// (the arrival counts toward the count given at initialization).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void cp_async_mbarrier_arrive(std::uint32_t addr)
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(addr) : "memory");
+#else
+  (void)addr;
+#endif
+}
+
+/// Waits until the phase of the mbarrier with parity `parity` has completed.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_wait(std::uint32_t addr, std::uint32_t parity)
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
+  std::uint32_t done = 0;
+  do {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+#else
+    asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+#endif
+  } while (done == 0);
+#else
+  (void)addr;
+  (void)parity;
+#endif
+}
+
+/// Lowers (`Dec`) or raises this warpgroup's per-thread register budget to `Regs` (sm_90a;
+/// a no-op elsewhere). Every warp of the warpgroup must execute it.
+template <bool Increase, int Regs>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void set_max_registers()
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
+  if constexpr (Increase) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+  }
+#endif
+}
+
+/// Barrier `id` (1..15) among the first `count` threads of the CTA (a multiple of 32).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void named_barrier_sync(int id, int count)
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+#else
+  (void)id;
+  (void)count;
+#endif
+}
+
 /// Four 8x8 b16 matrices from shared memory (each transposed when `Trans`); lane l supplies
 /// the row address of matrix l / 8.
 template <bool Trans>
