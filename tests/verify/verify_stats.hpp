@@ -54,6 +54,25 @@ inline double tv_distance(std::vector<double> const& counts, std::vector<double>
   return 0.5 * d;
 }
 
+/**
+ * TV distances of the first-token counts to p0 and to an unrelated distribution, after the
+ * first 1024 trials and after all T, and the bound for all T: 3× the expected TV of T
+ * samples from p0 (sum over tokens of sqrt(2 p (1 - p) / (pi T)), halved).
+ */
+template <class Result>
+void fill_tv(Result& r, std::vector<double> const& first_small, std::vector<double> const& first_all,
+             std::vector<double> const& p0, std::vector<double> const& other, double T)
+{
+  r.tv_small       = tv_distance(first_small, p0);
+  r.tv_large       = tv_distance(first_all, p0);
+  r.tv_other_small = tv_distance(first_small, other);
+  r.tv_other_large = tv_distance(first_all, other);
+  double expected_tv = 0;
+  for (double pv : p0) { expected_tv += std::sqrt(2 * pv * (1 - pv) / (3.14159265 * T)); }
+  r.tv_bound_large = 3 * 0.5 * expected_tv;
+}
+
+
 inline std::vector<double> to_double(std::vector<float> const& v) { return {v.begin(), v.end()}; }
 
 /// A sampling problem of `trials` requests (one per trial), all with `drafts` nodes.
@@ -200,13 +219,7 @@ inline chain_stats_report check_chain_stats(chain_stats_problem const& s, std::v
   r.worst_length_z = max_z(lengths, expect);
   os << "accepted length: max z " << r.worst_length_z << "\n";
   std::vector<double> const p0 = to_double(s.p[0]), other = to_double(unrelated);
-  r.tv_small       = tv_distance(first_small, p0);
-  r.tv_large       = tv_distance(first_all, p0);
-  r.tv_other_small = tv_distance(first_small, other);
-  r.tv_other_large = tv_distance(first_all, other);
-  double expected_tv = 0;
-  for (double pv : p0) { expected_tv += std::sqrt(2 * pv * (1 - pv) / (3.14159265 * T)); }
-  r.tv_bound_large = 3 * 0.5 * expected_tv;
+  fill_tv(r, first_small, first_all, p0, other, T);
   os << "TV to p0: " << r.tv_small << " (1024) → " << r.tv_large << " (" << T << "), bound "
      << r.tv_bound_large << "; TV to unrelated: " << r.tv_other_small << " → " << r.tv_other_large << "\n";
   r.text = os.str();
@@ -337,13 +350,7 @@ inline tree_stats_report check_tree_stats(tree_stats_problem const& s)
     for (int j = 1; j <= n; ++j) { r.worst_transition_z = std::max(r.worst_transition_z, max_z(depth[j][u], pu)); }
   }
   std::vector<double> const other = to_double(s.Tq[s.root_token]);
-  r.tv_small       = tv_distance(first_small, p0);
-  r.tv_large       = tv_distance(first_all, p0);
-  r.tv_other_small = tv_distance(first_small, other);
-  r.tv_other_large = tv_distance(first_all, other);
-  double expected_tv = 0;
-  for (double pv : p0) { expected_tv += std::sqrt(2 * pv * (1 - pv) / (3.14159265 * T)); }
-  r.tv_bound_large = 3 * 0.5 * expected_tv;
+  fill_tv(r, first_small, first_all, p0, other, T);
   os << "first token max z " << r.worst_first_z << ", transitions max z " << r.worst_transition_z
      << ", mean accepted " << r.mean_accepted << "; TV to p: " << r.tv_small << " → " << r.tv_large
      << " (bound " << r.tv_bound_large << "), TV to q: " << r.tv_other_small << " → " << r.tv_other_large
