@@ -190,10 +190,9 @@ class kv_hierarchy {
     hd::release_slots_kernel<hd::block_size>
       <<<config_.num_groups(), hd::block_size, 0, stream>>>(pool_refs_.data(), index);
     DHISPARSE_CUDA_TRY(detail::check_launch(stream));
-    int const map_pages_per_request =
-      (config_.max_context + config_.map_page_positions - 1) / config_.map_page_positions;
+    residency_map_ref const map = map_.ref();
     hd::clear_map_kernel<hd::block_size>
-      <<<map_pages_per_request, hd::block_size, 0, stream>>>(map_.ref(), index);
+      <<<map.max_pages_per_request, hd::block_size, 0, stream>>>(map, index);
     DHISPARSE_CUDA_TRY(detail::check_launch(stream));
     map_.release(index, stream);
     host_.release(index, stream);
