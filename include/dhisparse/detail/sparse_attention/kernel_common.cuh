@@ -76,6 +76,16 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE block_coords decode_block(kernel_args con
   return c;
 }
 
+/// The slot id a selection entry names, or -1 when it is -1 or invalid (in which case
+/// `report` flags `*status`).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int check_slot(int entry, std::int64_t num_slots, std::uint32_t* status,
+                                                      bool report)
+{
+  if (entry >= 0 && entry < num_slots) { return entry; }
+  if (entry != -1 && report && status != nullptr) { atomicOr(status, status_invalid_slot); }
+  return -1;
+}
+
 /**
  * @brief Reads selection entry `k` (of `top_k`); returns the slot id, or -1 when the entry
  *        is past the end, -1, or invalid (in which case `report` flags `*status`).
@@ -83,11 +93,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE block_coords decode_block(kernel_args con
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int load_slot(params const& p, std::int32_t const* selection,
                                                      int k, bool report)
 {
-  if (k >= p.top_k) { return -1; }
-  int const slot = selection[k];
-  if (slot >= 0 && slot < p.num_slots) { return slot; }
-  if (slot != -1 && report && p.status != nullptr) { atomicOr(p.status, status_invalid_slot); }
-  return -1;
+  return k < p.top_k ? check_slot(selection[k], p.num_slots, p.status, report) : -1;
 }
 
 /**

@@ -144,7 +144,7 @@ cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, c
   }
 
   if constexpr (traits::is_mla) {
-    constexpr int smem = detail::mla::smem_layout<traits::is_fp8>::alloc;
+    constexpr int smem = detail::mla::smem_layout::alloc;
     auto* kernel       = &detail::mla_attention_kernel<traits::is_fp8>;
     status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (status != cudaSuccess) { return status; }

@@ -4,24 +4,27 @@
  *        64 rope), one shared latent row per selected token, values = the 512 latent values.
  *
  * One CTA computes 64 query heads of one (b, q) over one split of its selection, 64
- * selected rows per tile, with warp-specialized roles:
+ * selected rows per tile, with three warpgroups in fixed roles:
  *
- * - producers (warps 8-11): gather the selected rows of upcoming tiles with 16-byte `cp.async`
- *   (zero fill for -1 / invalid entries) — straight into the 128-byte-swizzled operand tile
- *   (bf16 rows, two stages) or into a raw staging tile (FP8 rows) — and signals each tile's
- *   completion through an mbarrier (`cp.async.mbarrier.arrive`); they never block the
- *   consumers, whatever the memory system's queueing. On sm_90a the producer warpgroup
- *   hands its registers to the consumers (`setmaxnreg`: 40 vs 232 per thread);
- * - consumers (warps 0-7, two warpgroups): FP8 rows are first dequantized to bf16 with the
- *   per-128 tile scales; S = Q K^T: warpgroup g computes the 64 x 32 scores of tile columns
- *   [32g, 32g + 32) (36 `wgmma` m64n32k16 on sm_90a, `mma.sync` m16n8k16 otherwise), scaled
- *   into the log2 domain, masked to -inf for empty entries; online softmax with the row
- *   maxima of both halves exchanged through shared memory; P (bf16) to shared memory;
- *   O += P V: warpgroup g owns output columns [256g, 256g + 256) (128 fp32 accumulators a
- *   thread) and multiplies P (64 x 64) by the same tile read as V (MN-major operand).
+ * - producer (warpgroup 2) fills two bf16 tile stages: bf16 rows are copied with 16-byte
+ *   `cp.async` straight into the 128-byte-swizzled operand tile; FP8 rows are loaded into
+ *   registers a tile ahead, dequantized with their per-128 tile scales and stored as bf16
+ *   (the rope part and the scales are copied with `cp.async`). Invalid / -1 entries become
+ *   zero rows. Each filled stage is signalled through an mbarrier;
+ * - score warpgroup (0): S = Q K^T over the whole 64 x 64 tile (36 `wgmma` m64n64k16, Q and
+ *   K from shared memory), masking, online softmax (every row's 64 columns live in one quad
+ *   of lanes: no cross-warp reduction), P (bf16) and the rescale factors to shared memory for
+ *   the value warpgroup, then O[:, 0:256) += P V with P straight from registers;
+ * - value warpgroup (1): rescales its accumulators and computes O[:, 256:512) += P V with
+ *   P from shared memory — while the score warpgroup already computes the next tile's S.
  *
- * Shared memory (bf16 rows): Q 72 KiB + 2 x 72 KiB tiles + P 8 KiB + reductions = 226 KiB;
- * FP8 rows: Q + one bf16 tile + one raw 41 KiB tile + P = 195 KiB. One CTA per SM.
+ * Both consumers read V as the first 512 columns of the same tile (MN-major operand): the
+ * latent values are never copied. Where the translation unit is not compiled for sm_90a,
+ * the same roles run on `mma.sync` m16n8k16 with `ldmatrix` (the `wgmma` accumulator and
+ * A-register layouts are those of four m16n8 tiles per warp, so all other code is shared).
+ *
+ * Shared memory: Q 72 KiB + 2 x 72 KiB tile stages + P 8 KiB + row statistics ≈ 226 KiB;
+ * one CTA per SM.
  */
 #pragma once
 
@@ -39,36 +42,52 @@
 namespace dhisparse::sparse_attention::detail::mla {
 
 inline constexpr int tile_m         = 64;   ///< query heads per CTA
-inline constexpr int consumers      = 256;  ///< two warpgroups
-inline constexpr int producers      = 128;  ///< one warpgroup gathering rows
-inline constexpr int threads        = consumers + producers;
-inline constexpr int producer_registers = 40;   ///< setmaxnreg budgets (sm_90a)
-inline constexpr int consumer_registers = 232;  ///< 256 x 232 + 128 x 40 <= 64 Ki
-inline constexpr int consumer_barrier = 1;  ///< named barrier of the consumer warps
+inline constexpr int warpgroup      = 128;
+inline constexpr int threads        = 3 * warpgroup;  ///< score, value, producer
+inline constexpr int consumers      = 2 * warpgroup;  ///< score + value warpgroups
+inline constexpr int stages         = 2;    ///< bf16 tile stages
 inline constexpr int dim            = 576;  ///< query / key width
 inline constexpr int value_dim      = 512;  ///< value / output width
 inline constexpr int row_chunks     = dim * 2 / 16;      ///< 16-byte chunks of a bf16 row (72)
 inline constexpr int block_bytes    = tile_n * 128;      ///< 64 rows x 64 bf16 columns
 inline constexpr int tile_bytes     = 9 * block_bytes;   ///< 64 rows x 576 bf16 (72 KiB)
-inline constexpr int fp8_row_bytes  = 656;
-inline constexpr int fp8_row_chunks = fp8_row_bytes / 16;  ///< 41
+inline constexpr int fp8_row_bytes  = 656;               ///< 512 e4m3 + 4 fp32 scales + 64 bf16
+inline constexpr int fp8_rope_offset = 528;
 inline constexpr int p_bytes        = tile_m * tile_n * 2;
 
-/// Byte offsets of the shared-memory regions (from a 1024-byte aligned base).
+/// Named barriers (id 0 is `__syncthreads`), each between the two consumer warpgroups.
+inline constexpr int barrier_p_ready  = 1;  ///< score → value: P and the rescale factors are in shared memory
+inline constexpr int barrier_p_free   = 2;  ///< value → score: P may be overwritten
+inline constexpr int barrier_epilogue = 3;  ///< score → value: row sums are in shared memory
+
+/// Per-thread register budgets after `setmaxnreg` (sm_90a). They add up to the 504 a thread
+/// of each warpgroup gets at launch (65536 / 384, rounded down to a multiple of 8). The score
+/// warpgroup holds 128 output + 32 score accumulators and 16 P registers; with less, ptxas
+/// serializes its `wgmma` (warning C7512). The value warpgroup holds 128 accumulators, the
+/// FP8 producer a tile's e4m3 bytes (64 registers). Chosen with `ptxas -v`: no role spills
+/// and no C7512 for either format.
 template <bool Fp8>
-struct smem_layout {
-  static constexpr int q   = 0;
-  static constexpr int kv  = tile_bytes;                  ///< bf16: 2 stages; FP8: 1
-  static constexpr int raw = Fp8 ? 2 * tile_bytes : 0;    ///< FP8 only: 64 raw rows
-  static constexpr int p   = Fp8 ? (raw + tile_n * fp8_row_bytes + 1023) / 1024 * 1024
-                                 : 3 * tile_bytes;
-  static constexpr int red   = p + p_bytes;               ///< float max[2][64], sum[2][64]
-  static constexpr int bars  = red + 4 * 64 * 4;          ///< mbarriers: full[2], empty[2]
-  static constexpr int bytes = bars + 4 * 8;
-  static constexpr int alloc = bytes + 1024;              ///< + slack to align the base
+struct register_budget {
+  static constexpr int launch   = 168;
+  static constexpr int score    = Fp8 ? 208 : 232;
+  static constexpr int value    = Fp8 ? 160 : 208;
+  static constexpr int producer = Fp8 ? 136 : 64;
+  static_assert(score + value + producer == 3 * launch, "budgets must use the launch allocation");
 };
-static_assert(smem_layout<false>::alloc <= 232448, "MLA bf16 tiles exceed 227 KiB");
-static_assert(smem_layout<true>::alloc <= 232448, "MLA FP8 tiles exceed 227 KiB");
+
+/// Byte offsets of the shared-memory regions (from a 1024-byte aligned base).
+struct smem_layout {
+  static constexpr int q       = 0;
+  static constexpr int kv      = tile_bytes;                    ///< `stages` tiles
+  static constexpr int p       = kv + stages * tile_bytes;      ///< P, 64 x 64 bf16, swizzled
+  static constexpr int alpha   = p + p_bytes;                   ///< float[64]: rescale factors
+  static constexpr int row_sum = alpha + tile_m * 4;            ///< float[64]: final row sums
+  static constexpr int scales  = row_sum + tile_m * 4;          ///< float[64][4]: FP8 tile scales
+  static constexpr int bars    = scales + tile_n * 16;          ///< mbarriers: full[2], empty[2]
+  static constexpr int bytes   = bars + 4 * 8;
+  static constexpr int alloc   = bytes + 1024;                  ///< + slack to align the base
+};
+static_assert(smem_layout::alloc <= 232448, "MLA tiles exceed 227 KiB of shared memory");
 
 #if defined(__CUDACC__)
 
@@ -81,39 +100,55 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint32_t e4m3x2_to_bf16x2(std::uint3
   return pack_bf16x2(f.x * scale, f.y * scale);
 }
 
-/// S[64 x 32] = Q[64 x 576] K[32g .. 32g+32)^T for warpgroup `wg`; accumulator layout of
-/// `wgmma` m64n32 (= four m16n8 tiles per warp, warp w owning rows 16w .. 16w + 16).
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void qk_product(float (&s)[16], std::uint32_t q_addr,
-                                                      std::uint32_t kv_addr, int wg, int warp, int lane)
+/// Eight e4m3 values times `scale` → one 16-byte chunk of bf16.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE uint4 e4m3x8_to_bf16x8(uint2 v, float scale)
 {
-#pragma unroll
-  for (int i = 0; i < 16; ++i) { s[i] = 0.f; }
+  return make_uint4(e4m3x2_to_bf16x2(v.x, scale), e4m3x2_to_bf16x2(v.x >> 16, scale),
+                    e4m3x2_to_bf16x2(v.y, scale), e4m3x2_to_bf16x2(v.y >> 16, scale));
+}
+
+/// Adds `bytes` (a multiple of 16) to the start address of a shared-memory descriptor
+/// (its low 14 bits hold the address / 16; shared-memory addresses stay below 2^18).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint64_t descriptor_plus(std::uint64_t desc, std::uint32_t bytes)
+{
+  return desc + (bytes >> 4);
+}
+
+/**
+ * @brief S[64 x 64] = Q[64 x 576] K[64 x 576]^T on one warpgroup; accumulator layout of
+ *        `wgmma` m64n64 (= eight m16n8 tiles per warp, warp w owning rows 16w .. 16w + 16).
+ *        With `wgmma` the product is only issued (one committed group): `wgmma_wait` before
+ *        reading `s`.
+ */
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void score_product(float (&s)[32], std::uint32_t q_addr,
+                                                         std::uint32_t kv_addr, int warp, int lane)
+{
 #if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
   (void)warp;
   (void)lane;
-  std::uint32_t const b_addr = kv_addr + std::uint32_t(wg) * 32 * 128;
+  std::uint64_t const desc_q = sw128_descriptor(q_addr, 16, 1024);
+  std::uint64_t const desc_k = sw128_descriptor(kv_addr, 16, 1024);
   fence_registers(s);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < dim / 16; ++kk) {
     std::uint32_t const k_off = std::uint32_t((kk >> 2) * block_bytes + (kk & 3) * 32);
-    wgmma_m64n32k16_ss(s, sw128_descriptor(q_addr + k_off, 16, 1024),
-                       sw128_descriptor(b_addr + k_off, 16, 1024), kk > 0 ? 1 : 0);
+    wgmma_m64n64k16_ss(s, descriptor_plus(desc_q, k_off), descriptor_plus(desc_k, k_off), kk > 0 ? 1 : 0);
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  fence_registers(s);
 #else
+#pragma unroll
+  for (int i = 0; i < 32; ++i) { s[i] = 0.f; }
   int const a_row  = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-  int const b_row  = wg * 32 + (lane & 7) + (lane >> 4) * 8;
+  int const b_row  = (lane & 7) + (lane >> 4) * 8;
   int const a_half = lane >> 4;
   int const b_half = (lane >> 3) & 1;
-#pragma unroll 4
+#pragma unroll 2
   for (int kk = 0; kk < dim / 16; ++kk) {
     std::uint32_t a[4];
     ldmatrix_x4<false>(a, q_addr + sw128_offset(a_row, 2 * kk + a_half));
 #pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
+    for (int jj = 0; jj < 4; ++jj) {
       std::uint32_t b[4];
       ldmatrix_x4<false>(b, kv_addr + sw128_offset(b_row + 16 * jj, 2 * kk + b_half));
       mma_bf16_16816(&s[8 * jj], a, b[0], b[1]);
@@ -123,36 +158,53 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void qk_product(float (&s)[16], std::uint
 #endif
 }
 
-/// O[64 x 256g .. 256g+256) += P[64 x 64] V[64 x 256g .. 256g+256) for warpgroup `wg`;
-/// V is the tile's first 512 columns read MN-major.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void pv_product(float (&o)[128], std::uint32_t p_addr,
-                                                      std::uint32_t kv_addr, int wg, int warp, int lane)
+/**
+ * @brief O[64 x 256] += P[64 x 64] V[64 x 256] for the value columns starting at 16-byte
+ *        chunk `chunk0` (0: columns 0-255, 32: columns 256-511) of the tile at `kv_addr`.
+ *
+ * With `PInRegisters`, P comes from `p_frag` (A fragments: k-step kk in registers
+ * 4 kk .. 4 kk + 3); otherwise from the swizzled P tile at `p_addr`. With `wgmma` the product
+ * is only issued (one committed group): `wgmma_wait` before touching `o` or `p_frag`.
+ */
+template <bool PInRegisters>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void value_product(float (&o)[128], std::uint32_t const (&p_frag)[16],
+                                                         std::uint32_t p_addr, std::uint32_t kv_addr,
+                                                         int chunk0, int warp, int lane)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
   (void)warp;
   (void)lane;
-  std::uint32_t const v_addr = kv_addr + std::uint32_t(wg) * 4 * block_bytes;
+  std::uint64_t const desc_v = sw128_descriptor(kv_addr + std::uint32_t(chunk0 / 8) * block_bytes, block_bytes, 1024);
+  std::uint64_t const desc_p = sw128_descriptor(p_addr, 16, 1024);
   fence_registers(o);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < tile_n / 16; ++kk) {
-    wgmma_m64n256k16_ss_bt(o, sw128_descriptor(p_addr + kk * 32, 16, 1024),
-                           sw128_descriptor(v_addr + kk * 16 * 128, block_bytes, 1024), 1);
+    std::uint64_t const v = descriptor_plus(desc_v, kk * 16 * 128);
+    if constexpr (PInRegisters) {
+      std::uint32_t const a[4] = {p_frag[4 * kk], p_frag[4 * kk + 1], p_frag[4 * kk + 2], p_frag[4 * kk + 3]};
+      wgmma_m64n256k16_rs_bt(o, a, v);
+    } else {
+      wgmma_m64n256k16_ss_bt(o, descriptor_plus(desc_p, kk * 32), v);
+    }
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  fence_registers(o);
 #else
   int const a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
   int const v_row = (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int kk = 0; kk < tile_n / 16; ++kk) {
     std::uint32_t a[4];
-    ldmatrix_x4<false>(a, p_addr + sw128_offset(a_row, 2 * kk + (lane >> 4)));
+    if constexpr (PInRegisters) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { a[i] = p_frag[4 * kk + i]; }
+    } else {
+      ldmatrix_x4<false>(a, p_addr + sw128_offset(a_row, 2 * kk + (lane >> 4)));
+    }
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       std::uint32_t b[4];
-      ldmatrix_x4<true>(b, kv_addr + sw128_offset(16 * kk + v_row, wg * 32 + 2 * jj + (lane >> 4)));
+      ldmatrix_x4<true>(b, kv_addr + sw128_offset(16 * kk + v_row, chunk0 + 2 * jj + (lane >> 4)));
       mma_bf16_16816(&o[8 * jj], a, b[0], b[1]);
       mma_bf16_16816(&o[8 * jj + 4], a, b[2], b[3]);
     }
@@ -160,93 +212,174 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void pv_product(float (&o)[128], std::uin
 #endif
 }
 
-/// Barrier among the two consumer warpgroups (the producer warp never joins it).
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void consumer_sync()
+/// O rows r0 (`alpha0`) and r0 + 8 (`alpha1`) of this thread *= the online-softmax rescale
+/// factors; skipped by a warp whose factors are all 1 (its row maxima did not change).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void rescale(float (&o)[128], float alpha0, float alpha1)
 {
-  named_barrier_sync(consumer_barrier, consumers);
-}
-
-/// Online softmax and both products for one tile already in shared memory at `kv_addr`;
-/// bit c of `valid` tells whether column 32 * wg + c of the tile holds a selected row.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void attend_tile(std::uint32_t q_addr, std::uint32_t kv_addr,
-                                                       std::uint32_t p_addr, unsigned char* p_smem,
-                                                       std::uint32_t valid, float* red_max,
-                                                       float scale_log2, float (&o)[128],
-                                                       float (&m_row)[2], float (&l_row)[2], int wg,
-                                                       int warp, int lane)
-{
-  float s[16];
-  qk_product(s, q_addr, kv_addr, wg, warp, lane);
-
-  // Scale into the log2 domain; empty entries (zero-filled rows) get -inf.
-  int const col0 = 2 * (lane & 3);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    bool const v0 = (valid >> (col0 + 8 * j)) & 1u;
-    bool const v1 = (valid >> (col0 + 8 * j + 1)) & 1u;
-    s[4 * j + 0]  = v0 ? s[4 * j + 0] * scale_log2 : -INFINITY;
-    s[4 * j + 1]  = v1 ? s[4 * j + 1] * scale_log2 : -INFINITY;
-    s[4 * j + 2]  = v0 ? s[4 * j + 2] * scale_log2 : -INFINITY;
-    s[4 * j + 3]  = v1 ? s[4 * j + 3] * scale_log2 : -INFINITY;
-  }
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[4 * j + 0], s[4 * j + 1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
-    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
-  }
-  int const r0 = warp * 16 + (lane >> 2);
-  if ((lane & 3) == 0) {
-    red_max[wg * 64 + r0]     = mx[0];
-    red_max[wg * 64 + r0 + 8] = mx[1];
-  }
-  consumer_sync();
-  float m_use[2], alpha[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float const other = red_max[(wg ^ 1) * 64 + r0 + 8 * i];
-    float const m_new = fmaxf(m_row[i], fmaxf(mx[i], other));
-    m_use[i]          = m_new == -INFINITY ? 0.f : m_new;  // no valid entry yet: p = 0
-    alpha[i]          = exp2f(m_row[i] - m_use[i]);
-    m_row[i]          = m_new;
-  }
-  float sum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    s[4 * j + 0] = exp2f(s[4 * j + 0] - m_use[0]);
-    s[4 * j + 1] = exp2f(s[4 * j + 1] - m_use[0]);
-    s[4 * j + 2] = exp2f(s[4 * j + 2] - m_use[1]);
-    s[4 * j + 3] = exp2f(s[4 * j + 3] - m_use[1]);
-    sum[0] += s[4 * j + 0] + s[4 * j + 1];
-    sum[1] += s[4 * j + 2] + s[4 * j + 3];
-  }
-  l_row[0] = l_row[0] * alpha[0] + sum[0];
-  l_row[1] = l_row[1] * alpha[1] + sum[1];
+  if (!__any_sync(0xFFFFFFFFu, alpha0 != 1.f || alpha1 != 1.f)) { return; }
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    o[4 * j + 0] *= alpha[0];
-    o[4 * j + 1] *= alpha[0];
-    o[4 * j + 2] *= alpha[1];
-    o[4 * j + 3] *= alpha[1];
+    o[4 * j + 0] *= alpha0;
+    o[4 * j + 1] *= alpha0;
+    o[4 * j + 2] *= alpha1;
+    o[4 * j + 3] *= alpha1;
   }
-  // P (bf16) → shared memory, 64 rows x 64 columns, 128-byte swizzle (K-major A operand).
+}
+
+/// Barrier among the two consumer warpgroups (the producer never joins one). Both sides of
+/// every hand-over wait (`bar.sync`), none only arrives: the waiting costs nothing here (the
+/// other side is idle until the hand-over anyway) and every access pair is then ordered by a
+/// barrier both threads took part in, which `compute-sanitizer --tool racecheck` can follow.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void consumer_sync(int id) { named_barrier_sync(id, consumers); }
+
+/// What the CTA works on, shared by the three roles (copies of the kernel arguments it
+/// needs: holding a pointer to them would move the arguments to local memory).
+struct cta_work {
+  std::int32_t const* selection;  ///< this (b, q)'s selection
+  std::byte const* rows;          ///< row of slot 0
+  std::size_t row_stride;         ///< bytes between slots
+  std::int64_t num_slots;
+  std::uint32_t* status;
+  int top_k;
+  int tile_begin;                 ///< first tile of this split
+  int n_tiles;                    ///< tiles of this split
+  std::uint32_t smem_base;        ///< shared-memory window address of the aligned base
+  unsigned char* smem;            ///< generic pointer to the same base
+
+  DHISPARSE_DEVICE std::uint32_t stage_addr(int t) const
+  {
+    return smem_base + smem_layout::kv + std::uint32_t(t & 1) * tile_bytes;
+  }
+  DHISPARSE_DEVICE std::uint32_t full_bar(int t) const { return smem_base + smem_layout::bars + 8 * (t & 1); }
+  DHISPARSE_DEVICE std::uint32_t empty_bar(int t) const
+  {
+    return smem_base + smem_layout::bars + 16 + 8 * (t & 1);
+  }
+  /// Parity of the phase of stage t & 1 that tile t fills.
+  DHISPARSE_DEVICE static std::uint32_t phase(int t) { return std::uint32_t((t >> 1) & 1); }
+  /// Selection entry `row` of tile t as stored (-1 past the selection or the split). Loaded
+  /// ahead of its use and checked with `valid` later, so the load's latency is hidden.
+  DHISPARSE_DEVICE int entry(int t, int row) const
+  {
+    int const k = (tile_begin + t) * tile_n + row;
+    return t < n_tiles && k < top_k ? selection[k] : -1;
+  }
+  /// The slot id an entry names, or -1 (empty or invalid; invalid ones flagged when `report`).
+  DHISPARSE_DEVICE int valid(int entry, bool report) const { return check_slot(entry, num_slots, status, report); }
+  DHISPARSE_DEVICE std::byte const* row(int slot) const { return rows + std::size_t(slot) * row_stride; }
+};
+
+/**
+ * @brief Producer, bf16 rows: warp w copies rows [16w, 16w + 16) of every tile, lane l its
+ *        16-byte chunks l, l + 32, l + 64 (512 contiguous bytes of one row per instruction).
+ *        Selection entries are read two tiles ahead, so their latency never sits between a
+ *        stage becoming free and its copies.
+ */
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_bf16(cta_work const& w, int warp, int lane)
+{
+  int const row0 = warp * 16;
+  int const mine = lane < 16 ? row0 + lane : 0;
+  int slot  = lane < 16 ? w.valid(w.entry(0, mine), true) : -1;  // this tile's slot ids
+  int next  = lane < 16 ? w.entry(1, mine) : -1;                  // the next tile's entries
+  for (int t = 0; t < w.n_tiles; ++t) {
+    int const after = lane < 16 ? w.entry(t + 2, mine) : -1;
+    if (t >= stages) { mbarrier_wait(w.empty_bar(t), cta_work::phase(t) ^ 1u); }
+    std::uint32_t const dst = w.stage_addr(t);
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      int const row_slot   = __shfl_sync(0xFFFFFFFFu, slot, i);
+      bool const ok        = row_slot >= 0;
+      std::byte const* src = w.row(ok ? row_slot : 0);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    int const chunk         = wg * 4 + j;
-    std::uint32_t const off = std::uint32_t(((chunk ^ (r0 & 7)) << 4) + 4 * (lane & 3));
-    *reinterpret_cast<std::uint32_t*>(p_smem + r0 * 128 + off) =
-      pack_bf16x2(s[4 * j + 0], s[4 * j + 1]);
-    *reinterpret_cast<std::uint32_t*>(p_smem + (r0 + 8) * 128 + off) =
-      pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
+      for (int j = 0; j < 3; ++j) {
+        int const c = lane + 32 * j;
+        if (c < row_chunks) { cp_async_16(dst + sw128_offset(row0 + i, c), src + 16 * c, ok); }
+      }
+    }
+    cp_async_mbarrier_arrive(w.full_bar(t));
+    slot = lane < 16 ? w.valid(next, true) : -1;
+    next = after;
   }
-  fence_proxy_async();
-  consumer_sync();
-  pv_product(o, p_addr, kv_addr, wg, warp, lane);
+  cp_async_wait<0>();
+}
+
+/// One producer warp's rows of an FP8 tile: 16 rows, lane l holding e4m3 bytes [8l, 8l + 8)
+/// and [256 + 8l, 256 + 8l + 8) of each in registers; the rows' four tile scales go to shared
+/// memory (registers are the producer's scarcest resource).
+struct fp8_rows {
+  uint2 lo[16];
+  uint2 hi[16];
+
+  /// Issues the loads of the rows whose slot ids lanes 0-15 of `slot` hold (-1: zeros); the
+  /// scales are one committed `cp.async` group to `scales` (float[16][4], this warp's rows).
+  DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void load(cta_work const& w, int slot, int lane, std::uint32_t scales)
+  {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      int const s          = __shfl_sync(0xFFFFFFFFu, slot, i);
+      bool const ok        = s >= 0;
+      std::byte const* row = w.row(ok ? s : 0);
+      lo[i] = load_global_8(row + 8 * lane, ok);
+      hi[i] = load_global_8(row + 256 + 8 * lane, ok);
+    }
+    if (lane < 16) { cp_async_16(scales + 16 * lane, w.row(slot >= 0 ? slot : 0) + 512, slot >= 0); }
+    cp_async_commit();
+  }
+};
+
+/**
+ * @brief Producer, FP8 rows: warp w handles rows [16w, 16w + 16) of every tile. A tile's
+ *        e4m3 bytes are loaded into registers as soon as the previous tile is stored (its
+ *        selection entries were read a tile earlier), all 32 loads of a lane in flight
+ *        together; then the stage is awaited and the tile dequantized (e4m3 → f16 exact →
+ *        f32 × tile scale → bf16) into it, the rope part copied with `cp.async`.
+ */
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int warp, int lane)
+{
+  int const row0 = warp * 16;
+  int const mine = lane < 16 ? row0 + lane : 0;
+  int slot       = lane < 16 ? w.valid(w.entry(0, mine), true) : -1;  // this tile's slot ids
+  int next       = lane < 16 ? w.entry(1, mine) : -1;                  // the next tile's entries
+  std::uint32_t const scales = w.smem_base + smem_layout::scales + std::uint32_t(row0) * 16;
+  float const* const scale_f = reinterpret_cast<float const*>(w.smem + smem_layout::scales) + row0 * 4;
+  fp8_rows rows;
+  if (w.n_tiles > 0) { rows.load(w, slot, lane, scales); }
+  for (int t = 0; t < w.n_tiles; ++t) {
+    int const after = lane < 16 ? w.entry(t + 2, mine) : -1;
+    if (t >= stages) { mbarrier_wait(w.empty_bar(t), cta_work::phase(t) ^ 1u); }
+    std::uint32_t const dst    = w.stage_addr(t);
+    unsigned char* const stage = w.smem + (dst - w.smem_base);
+    // Rope: 16 rows x 8 chunks of 16 bytes, four per lane (a group after the scales' one).
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int const i        = (lane >> 3) + 4 * k;
+      int const c        = lane & 7;
+      int const row_slot = __shfl_sync(0xFFFFFFFFu, slot, i);
+      bool const ok      = row_slot >= 0;
+      cp_async_16(dst + sw128_offset(row0 + i, 64 + c), w.row(ok ? row_slot : 0) + fp8_rope_offset + 16 * c,
+                  ok);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's scales have landed
+    __syncwarp();
+    // Latent part: chunk l (values 8l .. 8l + 8, tile scale l / 16) and chunk 32 + l.
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float const scale_lo = scale_f[4 * i + (lane >> 4)];
+      float const scale_hi = scale_f[4 * i + 2 + (lane >> 4)];
+      *reinterpret_cast<uint4*>(stage + sw128_offset(row0 + i, lane)) = e4m3x8_to_bf16x8(rows.lo[i], scale_lo);
+      *reinterpret_cast<uint4*>(stage + sw128_offset(row0 + i, 32 + lane)) =
+        e4m3x8_to_bf16x8(rows.hi[i], scale_hi);
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();  // this thread's stores and copies, read by wgmma (async proxy)
+    mbarrier_arrive(w.full_bar(t));
+    __syncwarp();  // every lane has read this tile's scales
+    slot = lane < 16 ? w.valid(next, true) : -1;
+    next = after;
+    // The next tile's loads only after the arrival (whose release semantics could wait for them).
+    if (t + 1 < w.n_tiles) { rows.load(w, slot, lane, scales); }
+  }
 }
 
 #endif  // __CUDACC__
@@ -266,7 +399,8 @@ template <bool Fp8>
 DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(kernel_args const a)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  using layout = mla::smem_layout<Fp8>;
+  using layout = mla::smem_layout;
+  using budget = mla::register_budget<Fp8>;
   extern __shared__ __align__(1024) unsigned char smem_dynamic[];
   std::uint32_t const dyn_addr  = smem_address(smem_dynamic);
   std::uint32_t const smem_base = (dyn_addr + 1023u) & ~1023u;
@@ -275,8 +409,8 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   params const& p = a.p;
   int const tid   = int(threadIdx.x);
   int const lane  = tid & 31;
-  int const warp  = (tid >> 5) & 3;
-  int const wg    = tid >> 7;
+  int const warp  = (tid >> 5) & 3;  // warp within its warpgroup
+  int const role  = tid / mla::warpgroup;
 
   block_coords const coords = decode_block(a);
   int const head_tile       = coords.unit;
@@ -285,33 +419,32 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   int const b               = coords.b;
   if (b >= real_batch(p)) { return; }
 
-  int const tile_begin = split * a.tiles_per_split;
-  int const n_tiles    = min(a.tiles_per_split, a.num_tiles - tile_begin);
-  std::int32_t const* selection =
-    p.slots + std::int64_t(b) * p.slot_stride_batch + std::int64_t(q) * p.slot_stride_query;
+  mla::cta_work w;
+  w.selection  = p.slots + std::int64_t(b) * p.slot_stride_batch + std::int64_t(q) * p.slot_stride_query;
+  w.rows       = p.rows;
+  w.row_stride = p.row_stride;
+  w.num_slots  = p.num_slots;
+  w.status     = p.status;
+  w.top_k      = p.top_k;
+  w.tile_begin = split * a.tiles_per_split;
+  w.n_tiles    = min(a.tiles_per_split, a.num_tiles - w.tile_begin);
+  w.smem_base  = smem_base;
+  w.smem       = smem;
   bf16 const* query =
     p.queries + std::int64_t(b) * p.query_stride_batch + std::int64_t(q) * p.query_stride_query;
 
-  float* const red_max = reinterpret_cast<float*>(smem + layout::red);  // [2][64]
-  float* const red_sum = red_max + 128;                                 // [2][64]
-  std::uint32_t const q_addr    = smem_base + layout::q;
-  std::uint32_t const kv_addr   = smem_base + layout::kv;
-  std::uint32_t const p_addr    = smem_base + layout::p;
-  std::uint32_t const full_bar  = smem_base + layout::bars;       // + 8 * stage
-  std::uint32_t const empty_bar = smem_base + layout::bars + 16;  // + 8 * stage
-  constexpr int stages          = Fp8 ? 1 : 2;
-
   if (tid == 0) {
-    for (int st = 0; st < stages; ++st) {
-      mbarrier_init(full_bar + 8 * st, mla::producers);   // every producer thread (cp.async)
-      mbarrier_init(empty_bar + 8 * st, mla::consumers);  // every consumer thread
+    for (int t = 0; t < mla::stages; ++t) {
+      mbarrier_init(w.full_bar(t), mla::warpgroup);   // every producer thread
+      mbarrier_init(w.empty_bar(t), mla::consumers);  // every consumer thread
     }
   }
   // Queries of this head tile (heads beyond num_heads are zero), copied by every thread.
+  std::uint32_t const q_addr = smem_base + layout::q;
   for (int i = tid; i < mla::tile_m * mla::row_chunks; i += mla::threads) {
-    int const r  = i / mla::row_chunks;
-    int const c  = i - r * mla::row_chunks;
-    int const h  = head_tile * mla::tile_m + r;
+    int const r   = i / mla::row_chunks;
+    int const c   = i - r * mla::row_chunks;
+    int const h   = head_tile * mla::tile_m + r;
     bool const ok = h < p.num_heads;
     bf16 const* src = ok ? query + std::int64_t(h) * p.query_stride_head + c * 8 : query;
     cp_async_16(q_addr + sw128_offset(r, c), src, ok);
@@ -321,123 +454,147 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   fence_proxy_async();
   __syncthreads();  // Q and the mbarriers are ready
 
-  if (tid >= mla::consumers) {
-    // Producers: warp w gathers rows [16w, 16w + 16) of a tile, lane l its 16-byte chunks
-    // l, l + 32, l + 64 (512 contiguous bytes of one row per warp instruction).
-    set_max_registers<false, mla::producer_registers>();
-    int const row0 = ((tid - mla::consumers) >> 5) * 16;
-    for (int t = 0; t < n_tiles; ++t) {
-      int const st = Fp8 ? 0 : (t & 1);
-      if (t >= stages) { mbarrier_wait(empty_bar + 8 * st, std::uint32_t((t / stages - 1) & 1)); }
-      int const my_slot =
-        lane < 16 ? load_slot(p, selection, (tile_begin + t) * tile_n + row0 + lane, true) : -1;
-      std::uint32_t const dst =
-        Fp8 ? smem_base + layout::raw : kv_addr + std::uint32_t(st) * mla::tile_bytes;
-#pragma unroll 4
-      for (int i = 0; i < 16; ++i) {
-        int const r          = row0 + i;
-        int const slot       = __shfl_sync(0xFFFFFFFFu, my_slot, i);
-        bool const ok        = slot >= 0;
-        std::byte const* src = p.rows + (ok ? std::size_t(slot) * p.row_stride : 0);
-        if constexpr (!Fp8) {
-#pragma unroll
-          for (int j = 0; j < 3; ++j) {
-            int const c = lane + 32 * j;
-            if (c < mla::row_chunks) { cp_async_16(dst + sw128_offset(r, c), src + 16 * c, ok); }
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            int const c = lane + 32 * j;
-            if (c < mla::fp8_row_chunks) {
-              cp_async_16(dst + std::uint32_t(r * mla::fp8_row_bytes + 16 * c), src + 16 * c, ok);
-            }
-          }
-        }
-      }
-      cp_async_mbarrier_arrive(full_bar + 8 * st);
+  if (role == 2) {
+    set_max_registers<(budget::producer > budget::launch), budget::producer>();
+    if constexpr (Fp8) {
+      mla::produce_fp8(w, warp, lane);
+    } else {
+      mla::produce_bf16(w, warp, lane);
     }
-    cp_async_wait<0>();
     return;
   }
-  set_max_registers<true, mla::consumer_registers>();
 
-  // Consumers. Validity of this warpgroup's 32 columns of a tile: one slot id per lane,
-  // read one tile ahead.
-  auto column_slot = [&](int t) {
-    return load_slot(p, selection, (tile_begin + t) * tile_n + wg * 32 + lane, false);
-  };
+  // Consumers. Thread (warp, lane) holds rows r0 and r0 + 8 of its accumulators.
+  float* const alpha_smem = reinterpret_cast<float*>(smem + layout::alpha);
+  float* const sum_smem   = reinterpret_cast<float*>(smem + layout::row_sum);
+  std::uint32_t const p_addr = smem_base + layout::p;
+  int const r0               = warp * 16 + (lane >> 2);
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) { o[i] = 0.f; }
-  float m_row[2] = {-INFINITY, -INFINITY};
+  std::uint32_t p_frag[16];
+  float m_row[2] = {-INFINITY, -INFINITY};  // score warpgroup only (log2 domain)
   float l_row[2] = {0.f, 0.f};
-  int slot_next  = n_tiles > 0 ? column_slot(0) : -1;
 
-  for (int t = 0; t < n_tiles; ++t) {
-    std::uint32_t const valid = __ballot_sync(0xFFFFFFFFu, slot_next >= 0);
-    if (t + 1 < n_tiles) { slot_next = column_slot(t + 1); }
-    if constexpr (!Fp8) {
-      int const st = t & 1;
-      mbarrier_wait(full_bar + 8 * st, std::uint32_t((t >> 1) & 1));
-      fence_proxy_async();  // the producer's cp.async writes, read by wgmma (async proxy)
-      mla::attend_tile(q_addr, kv_addr + st * mla::tile_bytes, p_addr, smem + layout::p, valid,
-                       red_max, a.scale_log2, o, m_row, l_row, wg, warp, lane);
-      mbarrier_arrive(empty_bar + 8 * st);  // this thread's reads of the stage are complete
-    } else {
-      unsigned char const* raw = smem + layout::raw;
-      mbarrier_wait(full_bar, std::uint32_t(t & 1));
-      mla::consumer_sync();  // every consumer is done with the bf16 tile t - 1
-      // Dequantize: 64 rows x 64 units of 8 latent values, then copy the bf16 rope part.
-#pragma unroll 4
-      for (int j = 0; j < tile_n * 64 / mla::consumers; ++j) {
-        int const i  = tid + mla::consumers * j;
-        int const r  = i >> 6;
-        int const u  = i & 63;
-        unsigned char const* row = raw + r * mla::fp8_row_bytes;
-        uint2 const v  = *reinterpret_cast<uint2 const*>(row + 8 * u);
-        float const sc = *reinterpret_cast<float const*>(row + 512 + 4 * (u >> 4));
-        uint4 w;
-        w.x = mla::e4m3x2_to_bf16x2(v.x, sc);
-        w.y = mla::e4m3x2_to_bf16x2(v.x >> 16, sc);
-        w.z = mla::e4m3x2_to_bf16x2(v.y, sc);
-        w.w = mla::e4m3x2_to_bf16x2(v.y >> 16, sc);
-        *reinterpret_cast<uint4*>(smem + layout::kv + sw128_offset(r, u)) = w;
-      }
-      for (int i = tid; i < tile_n * 8; i += mla::consumers) {
-        int const r = i >> 3;
-        int const c = i & 7;
-        *reinterpret_cast<uint4*>(smem + layout::kv + sw128_offset(r, 64 + c)) =
-          *reinterpret_cast<uint4 const*>(raw + r * mla::fp8_row_bytes + 528 + 16 * c);
-      }
-      mbarrier_arrive(empty_bar);  // the raw tile may be refilled
+  if (role == 0) {
+    set_max_registers<(budget::score > budget::launch), budget::score>();
+    // Validity of the tile's 64 columns: lane l reads entries l and 32 + l, one tile ahead.
+    int entry_lo = w.entry(0, lane);
+    int entry_hi = w.entry(0, 32 + lane);
+    for (int t = 0; t < w.n_tiles; ++t) {
+      std::uint32_t const valid_lo = __ballot_sync(0xFFFFFFFFu, w.valid(entry_lo, false) >= 0);
+      std::uint32_t const valid_hi = __ballot_sync(0xFFFFFFFFu, w.valid(entry_hi, false) >= 0);
+      entry_lo = w.entry(t + 1, lane);
+      entry_hi = w.entry(t + 1, 32 + lane);
+      mbarrier_wait(w.full_bar(t), mla::cta_work::phase(t));
       fence_proxy_async();
-      mla::consumer_sync();  // the bf16 tile t is complete
-      mla::attend_tile(q_addr, kv_addr, p_addr, smem + layout::p, valid, red_max, a.scale_log2, o,
-                       m_row, l_row, wg, warp, lane);
-    }
-  }
+      std::uint32_t const kv_addr = w.stage_addr(t);
+      float s[32];
+      mla::score_product(s, q_addr, kv_addr, warp, lane);
+      wgmma_wait<0>();
+      fence_registers(s);
 
-  // Row sums: the quad's columns, then both warpgroups (same order in both: deterministic).
+      // Scale into the log2 domain; empty entries (zero rows) get -inf. Element 4j + e of
+      // s is row r0 (e < 2) or r0 + 8, column 8j + 2 (lane % 4) + e % 2.
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_row[i] += __shfl_xor_sync(0xFFFFFFFFu, l_row[i], 1);
-    l_row[i] += __shfl_xor_sync(0xFFFFFFFFu, l_row[i], 2);
+      for (int j = 0; j < 8; ++j) {
+        std::uint32_t const bits = (j < 4 ? valid_lo : valid_hi) >> (8 * (j & 3) + 2 * (lane & 3));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& x = s[4 * j + e];
+          x        = (bits >> (e & 1)) & 1u ? x * a.scale_log2 : -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      }
+      float alpha[2];
+      float m_use[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
+        mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
+        float const m_new = fmaxf(m_row[i], mx[i]);
+        m_use[i]          = m_new == -INFINITY ? 0.f : m_new;  // no valid entry yet: p = 0
+        alpha[i]          = exp2f(m_row[i] - m_use[i]);
+        m_row[i]          = m_new;
+      }
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[4 * j + e] = exp2f(s[4 * j + e] - m_use[e >> 1]);
+          sum[e >> 1] += s[4 * j + e];
+        }
+        // A fragment of k-step j / 2: registers (row r0, row r0 + 8) of columns
+        // 16 (j / 2) + 8 (j % 2) + 2 (lane % 4).
+        p_frag[4 * (j >> 1) + 2 * (j & 1)]     = pack_bf16x2(s[4 * j + 0], s[4 * j + 1]);
+        p_frag[4 * (j >> 1) + 2 * (j & 1) + 1] = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) { l_row[i] = l_row[i] * alpha[i] + sum[i]; }
+      mla::rescale(o, alpha[0], alpha[1]);
+      // Hand P and the rescale factors to the value warpgroup once it is done with the last ones.
+      if (t > 0) { mla::consumer_sync(mla::barrier_p_free); }
+      unsigned char* const p_smem = smem + layout::p;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int const r = r0 + 8 * h;
+          *reinterpret_cast<std::uint32_t*>(p_smem + r * 128 + ((j ^ (r & 7)) << 4) + 4 * (lane & 3)) =
+            p_frag[4 * (j >> 1) + 2 * (j & 1) + h];
+        }
+      }
+      if ((lane & 3) == 0) {
+        alpha_smem[r0]     = alpha[0];
+        alpha_smem[r0 + 8] = alpha[1];
+      }
+      fence_proxy_async();  // P is read by the value warpgroup's wgmma (async proxy)
+      mla::consumer_sync(mla::barrier_p_ready);
+      mla::value_product<true>(o, p_frag, p_addr, kv_addr, 0, warp, lane);
+      wgmma_wait<0>();
+      fence_registers(o);
+      mbarrier_arrive(w.empty_bar(t));
+    }
+    // Row sums of the quad's columns; published for the value warpgroup.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_row[i] += __shfl_xor_sync(0xFFFFFFFFu, l_row[i], 1);
+      l_row[i] += __shfl_xor_sync(0xFFFFFFFFu, l_row[i], 2);
+    }
+    if ((lane & 3) == 0) {
+      sum_smem[r0]     = l_row[0];
+      sum_smem[r0 + 8] = l_row[1];
+    }
+    mla::consumer_sync(mla::barrier_epilogue);
+  } else {
+    set_max_registers<(budget::value > budget::launch), budget::value>();
+    for (int t = 0; t < w.n_tiles; ++t) {
+      mla::consumer_sync(mla::barrier_p_ready);
+      mbarrier_wait(w.full_bar(t), mla::cta_work::phase(t));  // complete already; orders the tile's writes
+      fence_proxy_async();
+      mla::rescale(o, alpha_smem[r0], alpha_smem[r0 + 8]);
+      mla::value_product<false>(o, p_frag, p_addr, w.stage_addr(t), 32, warp, lane);
+      wgmma_wait<0>();
+      fence_registers(o);
+      mbarrier_arrive(w.empty_bar(t));  // before the hand-over below, which waits for the next S
+      if (t + 1 < w.n_tiles) { mla::consumer_sync(mla::barrier_p_free); }
+    }
+    mla::consumer_sync(mla::barrier_epilogue);
+    l_row[0] = sum_smem[r0];
+    l_row[1] = sum_smem[r0 + 8];
   }
-  int const r0 = warp * 16 + (lane >> 2);
-  if ((lane & 3) == 0) {
-    red_sum[wg * 64 + r0]     = l_row[0];
-    red_sum[wg * 64 + r0 + 8] = l_row[1];
-  }
-  mla::consumer_sync();
 
-  int const col = wg * 256 + 2 * (lane & 3);
+  // Epilogue: warpgroup `role` writes output columns [256 role, 256 role + 256).
+  int const col = role * 256 + 2 * (lane & 3);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     int const r       = r0 + 8 * i;
-    float const l_tot = red_sum[r] + red_sum[64 + r];
+    float const l_tot = l_row[i];
     float const inv   = l_tot > 0.f ? 1.f / l_tot : 0.f;
     float const lse   = l_tot > 0.f ? (m_row[i] + log2f(l_tot)) * ln_2 : -INFINITY;
+    bool const write_lse = role == 0 && (lane & 3) == 0;
     if (a.num_splits == 1) {
       int const h = head_tile * mla::tile_m + r;
       if (h < p.num_heads) {
@@ -448,7 +605,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
           *reinterpret_cast<std::uint32_t*>(out + 8 * j) =
             pack_bf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
         }
-        if (wg == 0 && (lane & 3) == 0 && p.lse != nullptr) {
+        if (write_lse && p.lse != nullptr) {
           p.lse[std::int64_t(b) * p.lse_stride_batch + std::int64_t(q) * p.lse_stride_query + h] = lse;
         }
       }
@@ -461,7 +618,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
         *reinterpret_cast<float2*>(out + 8 * j) =
           make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
       }
-      if (wg == 0 && (lane & 3) == 0) { a.partial_lse[part * mla::tile_m + r] = lse; }
+      if (write_lse) { a.partial_lse[part * mla::tile_m + r] = lse; }
     }
   }
 #else

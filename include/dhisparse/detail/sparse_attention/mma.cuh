@@ -157,6 +157,23 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void named_barrier_sync(int id, int count
 #endif
 }
 
+/// 8 bytes from global memory through the non-coherent path, zeros when `valid` is
+/// false (the address is then not read). `asm volatile` keeps the load where it is written:
+/// the caller issues many of them before the first use to keep them in flight together.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE uint2 load_global_8(void const* src, bool valid)
+{
+  uint2 v = make_uint2(0, 0);
+#if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
+               : "+r"(v.x), "+r"(v.y)
+               : "l"(src), "r"(int(valid)));
+#else
+  (void)src;
+  (void)valid;
+#endif
+  return v;
+}
+
 /// Four 8x8 b16 matrices from shared memory (each transposed when `Trans`); lane l supplies
 /// the row address of matrix l / 8.
 template <bool Trans>
@@ -259,21 +276,54 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fence_registers(float (&d)[N])
   for (int i = 0; i < N; ++i) { asm volatile("" : "+f"(d[i])::"memory"); }
 }
 
-/// D[64 x 32] (+)= A[64 x 16] * B[16 x 32] on one warpgroup; A and B in shared memory
-/// (descriptors), B K-major; `accumulate` = 0 overwrites D. sm_90a only.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wgmma_m64n32k16_ss(float (&d)[16], std::uint64_t desc_a,
+/// `wgmma` accumulator operands: the register list of an m64nN fp32 accumulator (N / 2
+/// registers a thread) and its asm output constraints on `float d[N / 2]`.
+#define DHISPARSE_WGMMA_D32_REGS \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define DHISPARSE_WGMMA_D32_OUTS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define DHISPARSE_WGMMA_D128_REGS \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define DHISPARSE_WGMMA_D128_OUTS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+/// D[64 x 64] (+)= A[64 x 16] * B[16 x 64] on one warpgroup; A and B in shared memory
+/// (descriptors), both K-major; `accumulate` = 0 overwrites D. sm_90a only.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wgmma_m64n64k16_ss(float (&d)[32], std::uint64_t desc_a,
                                                                    std::uint64_t desc_b, int accumulate)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
-  asm volatile(
-    "{\n.reg .pred p;\n"
-    "setp.ne.b32 p, %18, 0;\n"
-    "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-    "%16, %17, p, 1, 1, 0, 0;\n}\n"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-    : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" DHISPARSE_WGMMA_D32_REGS "}, "
+               "%32, %33, p, 1, 1, 0, 0;\n}\n"
+               : DHISPARSE_WGMMA_D32_OUTS(d)
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
   (void)d;
   (void)desc_a;
@@ -282,49 +332,47 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wgmma_m64n32k16_ss(float (&d)[16], s
 #endif
 }
 
-/// D[64 x 256] (+)= A[64 x 16] * B[16 x 256] on one warpgroup; A and B in shared memory
-/// (descriptors), B MN-major (`tnspB` = 1); `accumulate` = 0 overwrites D. sm_90a only.
+/// D[64 x 256] += A[64 x 16] * B[16 x 256] on one warpgroup; A in shared memory
+/// (descriptor, K-major), B in shared memory MN-major (`tnspB` = 1). sm_90a only.
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wgmma_m64n256k16_ss_bt(float (&d)[128], std::uint64_t desc_a,
-                                                                       std::uint64_t desc_b, int accumulate)
+                                                                       std::uint64_t desc_b)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
-  asm volatile(
-    "{\n.reg .pred p;\n"
-    "setp.ne.b32 p, %130, 0;\n"
-    "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-    "%128, %129, p, 1, 1, 0, 1;\n}\n"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-    : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DHISPARSE_WGMMA_D128_REGS "}, "
+               "%128, %129, p, 1, 1, 0, 1;\n}\n"
+               : DHISPARSE_WGMMA_D128_OUTS(d)
+               : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   (void)d;
   (void)desc_a;
   (void)desc_b;
-  (void)accumulate;
 #endif
 }
+
+/// D[64 x 256] += A[64 x 16] * B[16 x 256] on one warpgroup; A in registers (each warp its
+/// 16 rows in the `mma.sync` m16n8k16 A-fragment layout), B in shared memory MN-major
+/// (`tnspB` = 1). The A registers must not change until the `wgmma` completed. sm_90a only.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wgmma_m64n256k16_rs_bt(float (&d)[128], std::uint32_t const (&a)[4],
+                                                                       std::uint64_t desc_b)
+{
+#if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DHISPARSE_WGMMA_D128_REGS "}, "
+               "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+               : DHISPARSE_WGMMA_D128_OUTS(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+#endif
+}
+
+#undef DHISPARSE_WGMMA_D32_REGS
+#undef DHISPARSE_WGMMA_D32_OUTS
+#undef DHISPARSE_WGMMA_D128_REGS
+#undef DHISPARSE_WGMMA_D128_OUTS
 
 }  // namespace dhisparse::sparse_attention::detail
 
