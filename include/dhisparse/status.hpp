@@ -5,10 +5,32 @@
  */
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace dhisparse {
+
+namespace detail {
+
+/// One bit of a status word and what it means.
+struct status_text {
+  std::uint32_t bit;
+  char const* text;
+};
+
+/// The texts of the bits set in `bits`, in table order, joined by `separator`.
+template <std::size_t N>
+std::string join_set_bits(std::uint32_t bits, status_text const (&table)[N], char const* separator)
+{
+  std::string out;
+  for (auto const& e : table) {
+    if (bits & e.bit) { out += (out.empty() ? "" : separator) + std::string(e.text); }
+  }
+  return out;
+}
+
+}  // namespace detail
 
 /// Bits of the status word kept in device memory by `kv_hierarchy` (and by the reference).
 enum status_bit : std::uint32_t {
@@ -38,11 +60,7 @@ enum status_bit : std::uint32_t {
 inline std::string describe_status(std::uint32_t status)
 {
   if (status == 0) { return "ok"; }
-  struct entry {
-    std::uint32_t bit;
-    char const* text;
-  };
-  static constexpr entry names[] = {
+  static constexpr detail::status_text names[] = {
     {status_invalid_selection, "invalid_selection"},
     {status_budget_exceeded, "budget_exceeded"},
     {status_pool_exhausted, "pool_exhausted"},
@@ -51,10 +69,7 @@ inline std::string describe_status(std::uint32_t status)
     {status_invalid_accept_count, "invalid_accept_count"},
     {status_uncommitted_tail, "uncommitted_tail"},
   };
-  std::string out;
-  for (auto const& e : names) {
-    if (status & e.bit) { out += (out.empty() ? "" : "|") + std::string(e.text); }
-  }
+  std::string out     = detail::join_set_bits(status, names, "|");
   std::uint32_t known = 0;
   for (auto const& e : names) { known |= e.bit; }
   if (status & ~known) { out += (out.empty() ? "" : "|") + std::string("unknown"); }

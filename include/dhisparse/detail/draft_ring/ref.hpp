@@ -7,6 +7,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/status.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -30,11 +31,7 @@ struct draft_ring_status {
 /// Human-readable description of a draft ring status word (empty for `ok`).
 inline std::string describe_draft_ring_status(std::uint32_t bits)
 {
-  struct entry {
-    std::uint32_t bit;
-    char const* text;
-  };
-  static constexpr entry table[] = {
+  static constexpr detail::status_text table[] = {
     {draft_ring_status::bad_batch_size, "batch_size: *batch_size is outside [0, capacity]"},
     {draft_ring_status::bad_count,
      "counts: a count is outside [0, max_count] (rollback: drafted < accepted, or before position 0)"},
@@ -43,11 +40,7 @@ inline std::string describe_draft_ring_status(std::uint32_t bits)
     {draft_ring_status::bad_request, "requests: a request index is outside [0, capacity)"},
     {draft_ring_status::bad_start, "start: a negative start position"},
   };
-  std::string out;
-  for (auto const& e : table) {
-    if (bits & e.bit) { out += (out.empty() ? "" : "; ") + std::string(e.text); }
-  }
-  return out;
+  return detail::join_set_bits(bits, table, "; ");
 }
 
 /**

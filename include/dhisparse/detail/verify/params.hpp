@@ -10,6 +10,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/status.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -126,11 +127,7 @@ struct verify_params {
  */
 inline std::string describe_verify_status(std::uint32_t bits)
 {
-  struct entry {
-    std::uint32_t bit;
-    char const* text;
-  };
-  static constexpr entry table[] = {
+  static constexpr detail::status_text table[] = {
     {verify_status::bad_batch_size, "batch_size: *batch_size is outside [0, capacity]"},
     {verify_status::bad_num_drafts, "num_drafts: a request's count is outside [0, max_drafts]"},
     {verify_status::bad_draft_token, "draft_tokens: a token id is outside [0, vocab)"},
@@ -152,11 +149,7 @@ inline std::string describe_verify_status(std::uint32_t bits)
      "draft_tokens: a draft token has draft probability 0 (candidates: no candidate slot)"},
     {verify_status::bad_target_token, "target_tokens: a token id is outside [0, vocab)"},
   };
-  std::string out;
-  for (auto const& e : table) {
-    if (bits & e.bit) { out += (out.empty() ? "" : "; ") + std::string(e.text); }
-  }
-  return out;
+  return detail::join_set_bits(bits, table, "; ");
 }
 
 /**
