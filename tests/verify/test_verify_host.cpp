@@ -249,7 +249,7 @@ void require_stats_ok(test::chain_stats_report const& r)
   CHECK(r.worst_token_z <= 6.0);
   CHECK(r.worst_length_z <= 6.0);
   CHECK(r.tv_large <= r.tv_bound_large);
-  CHECK(r.tv_large < 0.5 * r.tv_small);
+  CHECK(r.tv_large < 0.5 * r.tv_expected_small);  // the distance to p0 shrinks with more trials
   CHECK(r.tv_other_large > 0.5 * r.tv_other_small);
   CHECK(r.tv_other_large > 4 * r.tv_bound_large);
 }
@@ -287,7 +287,7 @@ TEST_CASE("tree sampling preserves the target distribution (dense, candidate and
     CHECK(r.worst_first_z <= 6.0);
     CHECK(r.worst_transition_z <= 6.0);
     CHECK(r.tv_large <= r.tv_bound_large);
-    CHECK(r.tv_large < 0.5 * r.tv_small);
+    CHECK(r.tv_large < 0.5 * r.tv_expected_small);  // the distance to p0 shrinks with more trials
     CHECK(r.tv_other_large > 0.5 * r.tv_other_small);
     CHECK(r.mean_accepted > 0.3);  // trees are accepted deep enough to test transitions
   }
