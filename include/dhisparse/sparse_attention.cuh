@@ -25,7 +25,8 @@
  *
  * Kernels (see docs/sparse_attention.md): MLA uses `wgmma` where the translation unit is
  * compiled for sm_90a and `mma.sync` otherwise (same tiles, same results up to rounding);
- * its tiles need 227 KiB of shared memory per block (sm_90). MHA / GQA uses `mma.sync` and
+ * its tiles need 227 KiB of shared memory per block (sm_90); FP8 rows with 128 heads run
+ * as two-CTA clusters that dequantize each tile once. MHA / GQA uses `mma.sync` and
  * runs on sm_80 and newer. Results are deterministic: the same inputs and launch shape
  * give bit-identical outputs (no atomics in any reduction; split-K partials are merged in
  * split order).

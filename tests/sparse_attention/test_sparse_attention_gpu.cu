@@ -190,6 +190,54 @@ TEMPLATE_TEST_CASE("MLA sparse attention matches the host reference", "[mla]", m
   check_case<TestType>({4, 2, 64, 7, 0}, "mla K < tile");
 }
 
+namespace {
+
+/// Thread (c, j) dequantizes chunk c (codes 8c .. 8c + 8) with scale j as the FP8 producer does.
+__global__ void dequantize_codes(uint2 const* codes, float const* scales, uint4* out)
+{
+  out[blockIdx.x * 32 + threadIdx.x] = sa::detail::mla::e4m3x8_to_bf16x8(codes[threadIdx.x], scales[blockIdx.x]);
+}
+
+}  // namespace
+
+TEST_CASE("FP8 dequantization of every e4m3 code is the rounded product", "[mla][small]")
+{
+  // Every code (NaN codes included) times edge-case and fresh log-uniform scales of both
+  // signs: bit for bit float(e4m3) * scale rounded to bf16, as the reference rounds it.
+  auto rng = test::seeded_engine("fp8 dequantization");
+  std::vector<float> scales = {1.f, 0.f, -0.f, 0x1p-126f, 1e-30f, 0.0078125f, 127.99f, 3e4f, 1e30f};
+  std::uniform_real_distribution<float> exponent(-60.f, 60.f);
+  for (int i = 0; i < 119; ++i) { scales.push_back((i % 2 ? -1.f : 1.f) * std::exp2(exponent(rng))); }
+  std::vector<uint2> codes(32);
+  for (int c = 0; c < 256; ++c) { reinterpret_cast<std::uint8_t*>(codes.data())[c] = std::uint8_t(c); }
+
+  int const n = int(scales.size());
+  test::device_vector<uint2> d_codes(codes);
+  test::device_vector<float> d_scales(scales);
+  test::device_vector<bf16> out(std::size_t(n) * 256);
+  out.fill_bytes(0xFF);
+  dequantize_codes<<<n, 32>>>(d_codes.data(), d_scales.data(), reinterpret_cast<uint4*>(out.data()));
+  DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  auto const got = out.download();
+
+  int wrong = 0, nan_wrong = 0;
+  for (int j = 0; j < n; ++j) {
+    for (int code = 0; code < 256; ++code) {
+      float const value   = host::fp8_e4m3_to_float(fp8_e4m3{std::uint8_t(code)});
+      bf16 const expected = host::float_to_bf16(value * scales[j]);
+      bf16 const actual   = got[std::size_t(j) * 256 + code];
+      if (std::isnan(value)) {
+        nan_wrong += !std::isnan(host::bf16_to_float(actual));
+      } else {
+        wrong += actual.bits != expected.bits;
+      }
+    }
+  }
+  INFO(n << " scales x 256 codes");
+  CHECK(wrong == 0);
+  CHECK(nan_wrong == 0);
+}
+
 TEMPLATE_TEST_CASE("MHA / GQA sparse attention matches the host reference", "[mha][small]", gqa8, mqa1)
 {
   if constexpr (std::is_same_v<TestType, gqa8>) {
@@ -204,15 +252,17 @@ TEMPLATE_TEST_CASE("MHA / GQA sparse attention matches the host reference", "[mh
 
 TEMPLATE_TEST_CASE("rows beyond the device batch size are untouched", "[mla][small]", mla_bf16, mla_fp8)
 {
-  for (int splits : {1, 3}) {
-    auto rng = test::seeded_engine("batch_size");
-    auto pb  = test::make_problem<TestType>(rng, {4, 2, 32, 150, splits});
-    device_problem<TestType> dp(pb);
-    test::device_vector<std::int32_t> batch_size(std::vector<std::int32_t>{2});
-    dp.p.batch_size = batch_size.data();
-    dp.run();
-    INFO("splits " << splits);
-    compare(dp, 2);
+  for (int heads : {32, 128}) {  // 128: FP8 rows run as two-CTA clusters
+    for (int splits : {1, 3}) {
+      auto rng = test::seeded_engine("batch_size");
+      auto pb  = test::make_problem<TestType>(rng, {4, 2, heads, 150, splits});
+      device_problem<TestType> dp(pb);
+      test::device_vector<std::int32_t> batch_size(std::vector<std::int32_t>{2});
+      dp.p.batch_size = batch_size.data();
+      dp.run();
+      INFO("heads " << heads << ", splits " << splits);
+      compare(dp, 2);
+    }
   }
 }
 
@@ -241,7 +291,8 @@ TEMPLATE_TEST_CASE("results are bit-identical across runs", "[mla][mha][small]",
 {
   for (int splits : {1, 4}) {
     auto rng = test::seeded_engine("determinism");
-    auto pb  = test::make_problem<TestType>(rng, {2, 2, 64, 300, splits});
+    int const heads = std::is_same_v<TestType, mla_fp8> ? 128 : 64;  // FP8: the cluster kernel
+    auto pb  = test::make_problem<TestType>(rng, {2, 2, heads, 300, splits});
     device_problem<TestType> dp(pb);
     dp.run();
     auto const out1 = dp.out.download();
@@ -259,7 +310,7 @@ TEMPLATE_TEST_CASE("results are bit-identical across runs", "[mla][mha][small]",
 TEST_CASE("a captured CUDA graph replays with new selections and batch size", "[graph][small]")
 {
   auto rng = test::seeded_engine("graph");
-  auto pb  = test::make_problem<mla_fp8>(rng, {3, 2, 64, 200, 2});
+  auto pb  = test::make_problem<mla_fp8>(rng, {3, 2, 128, 200, 2});  // a cluster launch, captured
   device_problem<mla_fp8> dp(pb);
   test::device_vector<std::int32_t> batch_size(std::vector<std::int32_t>{3});
   dp.p.batch_size = batch_size.data();

@@ -239,6 +239,7 @@ TEST_CASE("check / validate name the bad argument", "[sparse_attention][host]")
     {"top_k (65537)", [](sa::params& p) { p.top_k = sa::max_top_k + 1; }},
     {"row_stride (1160)", [](sa::params& p) { p.row_stride = 1160; }},
     {"row_stride (1136)", [](sa::params& p) { p.row_stride = 1136; }},
+    {"row_stride (4294967312)", [](sa::params& p) { p.row_stride = (std::size_t(1) << 32) + 16; }},
     {"rows is not 16-byte aligned", [](sa::params& p) { p.rows += 8; }},
     {"num_queries (0)", [](sa::params& p) { p.num_queries = 0; }},
     {"batch (-1)", [](sa::params& p) { p.batch = -1; }},

@@ -8,9 +8,11 @@
  *
  * - producer (warpgroup 2) fills two bf16 tile stages: bf16 rows are copied with 16-byte
  *   `cp.async` straight into the 128-byte-swizzled operand tile; FP8 rows are loaded into
- *   registers a tile ahead, dequantized with their per-128 tile scales and stored as bf16
+ *   registers half a tile ahead, dequantized with their per-128 tile scales and stored as bf16
  *   (the rope part and the scales are copied with `cp.async`). Invalid / -1 entries become
- *   zero rows. Each filled stage is signalled through an mbarrier;
+ *   zero rows. Each filled stage is signalled through an mbarrier. With h_q = 128 and FP8
+ *   rows the two head tiles run as a cluster: each CTA dequantizes half of every tile into
+ *   both CTAs' stages (`st.async`);
  * - score warpgroup (0): S = Q K^T over the whole 64 x 64 tile (36 `wgmma` m64n64k16, Q and
  *   K from shared memory), masking, online softmax (every row's 64 columns live in one quad
  *   of lanes: no cross-warp reduction), P (bf16) and the rescale factors to shared memory for
@@ -29,6 +31,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/sparse_attention/cluster.cuh>
 #include <dhisparse/detail/sparse_attention/kernel_common.cuh>
 #include <dhisparse/detail/sparse_attention/mma.cuh>
 #include <dhisparse/detail/sparse_attention/params.hpp>
@@ -237,7 +240,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void consumer_sync(int id) { named_barrie
 struct cta_work {
   std::int32_t const* selection;  ///< this (b, q)'s selection
   std::byte const* rows;          ///< row of slot 0
-  std::size_t row_stride;         ///< bytes between slots
+  std::uint32_t row_stride;       ///< bytes between slots
   std::int64_t num_slots;
   std::uint32_t* status;
   int top_k;
@@ -266,7 +269,11 @@ struct cta_work {
   }
   /// The slot id an entry names, or -1 (empty or invalid; invalid ones flagged when `report`).
   DHISPARSE_DEVICE int valid(int entry, bool report) const { return check_slot(entry, num_slots, status, report); }
-  DHISPARSE_DEVICE std::byte const* row(int slot) const { return rows + std::size_t(slot) * row_stride; }
+  /// Row of slot `slot` (≥ 0): one 32 x 32 → 64-bit multiply (`check` keeps the stride below 4 GiB).
+  DHISPARSE_DEVICE std::byte const* row(int slot) const
+  {
+    return rows + std::uint64_t(std::uint32_t(slot)) * row_stride;
+  }
 };
 
 /**
@@ -303,82 +310,161 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_bf16(cta_work const& w, int 
   cp_async_wait<0>();
 }
 
-/// One producer warp's rows of an FP8 tile: 16 rows, lane l holding e4m3 bytes [8l, 8l + 8)
-/// and [256 + 8l, 256 + 8l + 8) of each in registers; the rows' four tile scales go to shared
-/// memory (registers are the producer's scarcest resource).
-struct fp8_rows {
-  uint2 lo[16];
-  uint2 hi[16];
+/// Bytes of dequantized rows one CTA of a two-CTA cluster receives from the other per tile
+/// (32 rows x 512 bf16).
+inline constexpr std::uint32_t crossover_bytes = (tile_n / 2) * value_dim * 2;
 
-  /// Issues the loads of the rows whose slot ids lanes 0-15 of `slot` hold (-1: zeros); the
-  /// scales are one committed `cp.async` group to `scales` (float[16][4], this warp's rows).
-  DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void load(cta_work const& w, int slot, int lane, std::uint32_t scales)
+/// One part of the FP8 rows a producer warp dequantizes per tile (`Rows` of them), lane l
+/// holding e4m3 bytes [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8) of each in registers; the
+/// rows' four tile scales go to shared memory (registers are the producer's scarcest resource).
+template <int Rows>
+struct fp8_rows {
+  static_assert(Rows <= 8 && (Rows & (Rows - 1)) == 0, "rows of a part: a power of two up to 8");
+  uint2 lo[Rows];
+  uint2 hi[Rows];
+
+  /// Issues the loads of tile rows [first_row, first_row + Rows), whose slot ids lanes
+  /// `first_lane` .. `first_lane + Rows - 1` of `slot` hold (-1: zeros); their scales are one
+  /// committed `cp.async` group to `scales` (float[64][4], the tile's rows).
+  DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void load(cta_work const& w, int slot, int first_lane, int first_row,
+                                                   int lane, std::uint32_t scales)
   {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      int const s          = __shfl_sync(0xFFFFFFFFu, slot, i);
+    for (int i = 0; i < Rows; ++i) {
+      int const s          = __shfl_sync(0xFFFFFFFFu, slot, first_lane + i);
       bool const ok        = s >= 0;
       std::byte const* row = w.row(ok ? s : 0);
       lo[i] = load_global_8(row + 8 * lane, ok);
       hi[i] = load_global_8(row + 256 + 8 * lane, ok);
     }
-    if (lane < 16) { cp_async_16(scales + 16 * lane, w.row(slot >= 0 ? slot : 0) + 512, slot >= 0); }
+    if (lane >= first_lane && lane < first_lane + Rows) {
+      cp_async_16(scales + 16 * (first_row + lane - first_lane), w.row(slot >= 0 ? slot : 0) + 512, slot >= 0);
+    }
     cp_async_commit();
+  }
+
+  /// Dequantizes the rows into the stage (e4m3 → f16, exact → f32 × tile scale → bf16): chunk
+  /// l of a row (values 8l .. 8l + 8, tile scale l / 16) and chunk 32 + l. With `Crossover`
+  /// every chunk also goes to the peer CTA's stage (`peer_stage`), completing on its full
+  /// barrier `peer_full`.
+  template <bool Crossover>
+  DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void store(unsigned char* stage, int first_row, int lane, float const* scale,
+                                                    std::uint32_t peer_stage, std::uint32_t peer_full) const
+  {
+    // first_row is a multiple of Rows (≤ 8), so row first_row + i swizzles its chunks by
+    // (first_row % 8) ^ i: the offsets are the first row's, XOR i in the chunk bits, + 128 i.
+    std::uint32_t const first_lo = sw128_offset(first_row, lane);
+#pragma unroll
+    for (int i = 0; i < Rows; ++i) {
+      int const r         = first_row + i;
+      uint4 const v_lo    = e4m3x8_to_bf16x8(lo[i], scale[4 * r + (lane >> 4)]);
+      uint4 const v_hi    = e4m3x8_to_bf16x8(hi[i], scale[4 * r + 2 + (lane >> 4)]);
+      std::uint32_t const off_lo = (first_lo ^ std::uint32_t(i << 4)) + 128u * i;
+      std::uint32_t const off_hi = off_lo + 4 * block_bytes;  // chunk 32 + lane
+      *reinterpret_cast<uint4*>(stage + off_lo) = v_lo;
+      *reinterpret_cast<uint4*>(stage + off_hi) = v_hi;
+      if constexpr (Crossover) {
+        st_async_16(peer_stage + off_lo, v_lo, peer_full);
+        st_async_16(peer_stage + off_hi, v_hi, peer_full);
+      }
+    }
   }
 };
 
 /**
- * @brief Producer, FP8 rows: warp w handles rows [16w, 16w + 16) of every tile. A tile's
- *        e4m3 bytes are loaded into registers as soon as the previous tile is stored (its
- *        selection entries were read a tile earlier), all 32 loads of a lane in flight
- *        together; then the stage is awaited and the tile dequantized (e4m3 → f16 exact →
- *        f32 × tile scale → bf16) into it, the rope part copied with `cp.async`.
+ * @brief Producer, FP8 rows. Warp w copies the rope part of rows [16w, 16w + 16) with
+ *        `cp.async` and dequantizes the latent part of its share of the rows: rows [16w,
+ *        16w + 16), or with `Crossover` (two CTAs of a cluster computing the two head tiles
+ *        of h_q = 128 over the same rows) rows [32 r + 8w, 32 r + 8w + 8) of CTA rank r,
+ *        stored into both CTAs' stages — each CTA dequantizes half of every tile.
+ *
+ * The dequantized rows are handled in two parts whose e4m3 bytes sit in registers. The loads
+ * of a part for the next tile are issued as soon as the part is stored, so they have the other
+ * part's dequantization to land (loading a whole tile after the previous one was stored left
+ * the load latency on the producer's path, which is the kernel's critical one for FP8 rows).
+ * Lanes 0-15 hold the slot ids of the rope rows, lanes 16 + i those of the dequantized rows.
  */
+template <bool Crossover>
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int warp, int lane)
 {
-  int const row0 = warp * 16;
-  int const mine = lane < 16 ? row0 + lane : 0;
-  int slot       = lane < 16 ? w.valid(w.entry(0, mine), true) : -1;  // this tile's slot ids
-  int next       = lane < 16 ? w.entry(1, mine) : -1;                  // the next tile's entries
-  std::uint32_t const scales = w.smem_base + smem_layout::scales + std::uint32_t(row0) * 16;
-  float const* const scale_f = reinterpret_cast<float const*>(w.smem + smem_layout::scales) + row0 * 4;
-  fp8_rows rows;
-  if (w.n_tiles > 0) { rows.load(w, slot, lane, scales); }
+  constexpr int rows_per_warp = Crossover ? tile_n / 8 : tile_n / 4;
+  constexpr int parts = 2;  // 4 or 8 parts measured slower (more loads, no shorter waits)
+  constexpr int part_rows     = rows_per_warp / parts;
+  int const rank              = Crossover ? cluster_rank() : 0;
+  int const rope0             = warp * 16;
+  int const deq0              = Crossover ? rank * (tile_n / 2) + warp * rows_per_warp : rope0;
+  int const mine = lane < 16 ? rope0 + lane : (lane - 16 < rows_per_warp ? deq0 + lane - 16 : -1);
+  int slot       = mine >= 0 ? w.valid(w.entry(0, mine), true) : -1;  // this tile's slot ids
+  int next       = mine >= 0 ? w.entry(1, mine) : -1;                  // the next tile's entries
+  std::uint32_t const scales = w.smem_base + smem_layout::scales;
+  float const* const scale_f = reinterpret_cast<float const*>(w.smem + smem_layout::scales);
+  fp8_rows<part_rows> rows[parts];
+  if (w.n_tiles > 0) {
+#pragma unroll
+    for (int k = 0; k < parts; ++k) { rows[k].load(w, slot, 16 + k * part_rows, deq0 + k * part_rows, lane, scales); }
+  }
+  // cp.async groups in flight at the top of iteration t: the scales of every part of tile t.
   for (int t = 0; t < w.n_tiles; ++t) {
-    int const after = lane < 16 ? w.entry(t + 2, mine) : -1;
+    bool const more = t + 1 < w.n_tiles;
+    int const after = mine >= 0 ? w.entry(t + 2, mine) : -1;
     if (t >= stages) { mbarrier_wait(w.empty_bar(t), cta_work::phase(t) ^ 1u); }
     std::uint32_t const dst    = w.stage_addr(t);
     unsigned char* const stage = w.smem + (dst - w.smem_base);
-    // Rope: 16 rows x 8 chunks of 16 bytes, four per lane (a group after the scales' one).
+    std::uint32_t const peer_stage = Crossover ? peer_address(dst, rank ^ 1) : 0u;
+    std::uint32_t const peer_full  = Crossover ? peer_address(w.full_bar(t), rank ^ 1) : 0u;
+    // Rope: lane l copies 16-byte chunks 4 (l / 16) .. 4 (l / 16) + 3 of rope row 16w + l % 16
+    // (consecutive chunks of one row differ only in the swizzled chunk bits).
+    {
+      int const rope_slot  = __shfl_sync(0xFFFFFFFFu, slot, lane & 15);
+      bool const ok        = rope_slot >= 0;
+      std::byte const* src = w.row(ok ? rope_slot : 0) + fp8_rope_offset + 64 * (lane >> 4);
+      std::uint32_t const first = dst + sw128_offset(rope0 + (lane & 15), 64 + 4 * (lane >> 4));
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      int const i        = (lane >> 3) + 4 * k;
-      int const c        = lane & 7;
-      int const row_slot = __shfl_sync(0xFFFFFFFFu, slot, i);
-      bool const ok      = row_slot >= 0;
-      cp_async_16(dst + sw128_offset(row0 + i, 64 + c), w.row(ok ? row_slot : 0) + fp8_rope_offset + 16 * c,
-                  ok);
+      for (int k = 0; k < 4; ++k) { cp_async_16(first ^ std::uint32_t(k << 4), src + 16 * k, ok); }
     }
     cp_async_commit();
-    cp_async_wait<1>();  // this tile's scales have landed
-    __syncwarp();
-    // Latent part: chunk l (values 8l .. 8l + 8, tile scale l / 16) and chunk 32 + l.
+    int const next_slot = mine >= 0 ? w.valid(next, true) : -1;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      float const scale_lo = scale_f[4 * i + (lane >> 4)];
-      float const scale_hi = scale_f[4 * i + 2 + (lane >> 4)];
-      *reinterpret_cast<uint4*>(stage + sw128_offset(row0 + i, lane)) = e4m3x8_to_bf16x8(rows.lo[i], scale_lo);
-      *reinterpret_cast<uint4*>(stage + sw128_offset(row0 + i, 32 + lane)) =
-        e4m3x8_to_bf16x8(rows.hi[i], scale_hi);
+    for (int k = 0; k < parts; ++k) {
+      // In flight: scales of parts k.. of tile t, the rope, scales of parts ..k-1 of tile t + 1.
+      cp_async_wait<parts>();  // part k's scales
+      __syncwarp();
+      rows[k].template store<Crossover>(stage, deq0 + k * part_rows, lane, scale_f, peer_stage, peer_full);
+      __syncwarp();  // every lane has read part k's scales
+      if (k + 1 < parts) {
+        if (more) {
+          rows[k].load(w, next_slot, 16 + k * part_rows, deq0 + k * part_rows, lane, scales);
+        } else {
+          cp_async_commit();  // an empty group keeps the counts
+        }
+      }
     }
-    cp_async_wait<0>();
+    cp_async_wait<parts - 1>();  // the rope part
     fence_proxy_async();  // this thread's stores and copies, read by wgmma (async proxy)
-    mbarrier_arrive(w.full_bar(t));
-    __syncwarp();  // every lane has read this tile's scales
-    slot = lane < 16 ? w.valid(next, true) : -1;
+    if (Crossover && warp == 0 && lane == 0) {
+      mbarrier_arrive_expect_tx(w.full_bar(t), crossover_bytes);  // the peer's half of the tile
+    } else {
+      mbarrier_arrive(w.full_bar(t));
+    }
+    slot = next_slot;
     next = after;
-    // The next tile's loads only after the arrival (whose release semantics could wait for them).
-    if (t + 1 < w.n_tiles) { rows.load(w, slot, lane, scales); }
+    // The last part's loads only after the arrival (whose release could wait for them).
+    if (more) {
+      rows[parts - 1].load(w, slot, 16 + (parts - 1) * part_rows, deq0 + (parts - 1) * part_rows, lane, scales);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+/// A consumer thread is done with tile t's stage (with `Crossover` the peer's producer
+/// writes into it too, so the warp also arrives on the peer's empty barrier once).
+template <bool Crossover>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void release_stage(cta_work const& w, int t, int lane)
+{
+  mbarrier_arrive(w.empty_bar(t));
+  if constexpr (Crossover) {
+    __syncwarp();
+    if (lane == 0) { mbarrier_arrive_remote(peer_address(w.empty_bar(t), cluster_rank() ^ 1)); }
   }
 }
 
@@ -394,10 +480,13 @@ namespace dhisparse::sparse_attention::detail {
  * @brief Sparse MLA attention: grid = batch x splits x num_queries x head tiles (head tile
  *        fastest, so the CTAs reading the same rows run side by side and share them in L2).
  * @tparam Fp8 rows in `mla_fp8_656` (true) or `mla_bf16_576` (false) format
+ * @tparam Crossover two head tiles per (b, q), launched as clusters of two CTAs that each
+ *         dequantize half of every tile into both CTAs' stages (FP8 rows only)
  */
-template <bool Fp8>
+template <bool Fp8, bool Crossover>
 DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(kernel_args const a)
 {
+  static_assert(Fp8 || !Crossover, "two-CTA clusters share dequantized FP8 rows only");
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
   using layout = mla::smem_layout;
   using budget = mla::register_budget<Fp8>;
@@ -422,7 +511,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   mla::cta_work w;
   w.selection  = p.slots + std::int64_t(b) * p.slot_stride_batch + std::int64_t(q) * p.slot_stride_query;
   w.rows       = p.rows;
-  w.row_stride = p.row_stride;
+  w.row_stride = std::uint32_t(p.row_stride);
   w.num_slots  = p.num_slots;
   w.status     = p.status;
   w.top_k      = p.top_k;
@@ -436,8 +525,10 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   if (tid == 0) {
     for (int t = 0; t < mla::stages; ++t) {
       mbarrier_init(w.full_bar(t), mla::warpgroup);   // every producer thread
-      mbarrier_init(w.empty_bar(t), mla::consumers);  // every consumer thread
+      // every consumer thread, and with Crossover one thread per consumer warp of the peer
+      mbarrier_init(w.empty_bar(t), mla::consumers + (Crossover ? mla::consumers / 32 : 0));
     }
+    if constexpr (Crossover) { fence_mbarrier_init_cluster(); }
   }
   // Queries of this head tile (heads beyond num_heads are zero), copied by every thread.
   std::uint32_t const q_addr = smem_base + layout::q;
@@ -453,14 +544,16 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   cp_async_wait<0>();
   fence_proxy_async();
   __syncthreads();  // Q and the mbarriers are ready
+  if constexpr (Crossover) { cluster_sync(); }  // ... in both CTAs before either writes into the other
 
   if (role == 2) {
     set_max_registers<(budget::producer > budget::launch), budget::producer>();
     if constexpr (Fp8) {
-      mla::produce_fp8(w, warp, lane);
+      mla::produce_fp8<Crossover>(w, warp, lane);
     } else {
       mla::produce_bf16(w, warp, lane);
     }
+    if constexpr (Crossover) { cluster_sync(); }  // no CTA leaves while the other may write into it
     return;
   }
 
@@ -555,7 +648,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
       mla::value_product<true>(o, p_frag, p_addr, kv_addr, 0, warp, lane);
       wgmma_wait<0>();
       fence_registers(o);
-      mbarrier_arrive(w.empty_bar(t));
+      mla::release_stage<Crossover>(w, t, lane);
     }
     // Row sums of the quad's columns; published for the value warpgroup.
 #pragma unroll
@@ -578,7 +671,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
       mla::value_product<false>(o, p_frag, p_addr, w.stage_addr(t), 32, warp, lane);
       wgmma_wait<0>();
       fence_registers(o);
-      mbarrier_arrive(w.empty_bar(t));  // before the hand-over below, which waits for the next S
+      mla::release_stage<Crossover>(w, t, lane);  // before the hand-over below, which waits for the next S
       if (t + 1 < w.n_tiles) { mla::consumer_sync(mla::barrier_p_free); }
     }
     mla::consumer_sync(mla::barrier_epilogue);
@@ -621,6 +714,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
       if (write_lse) { a.partial_lse[part * mla::tile_m + r] = lse; }
     }
   }
+  if constexpr (Crossover) { cluster_sync(); }
 #else
   (void)a;
 #endif

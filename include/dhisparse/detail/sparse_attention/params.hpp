@@ -104,7 +104,7 @@ struct params {
 
   // --- KV rows (owned elsewhere: the hierarchy's slab of this layer) -------------------
   std::byte const* rows = nullptr;  ///< row of slot 0 for this layer; slot s at rows + s * row_stride
-  std::size_t row_stride = 0;       ///< bytes between consecutive slots (multiple of 16, >= row bytes)
+  std::size_t row_stride = 0;       ///< bytes between consecutive slots (multiple of 16, >= row bytes, < 4 GiB)
   std::int64_t num_slots = 0;       ///< slots addressable through `rows`; ids outside are invalid
 
   // --- selections ----------------------------------------------------------------------
@@ -172,7 +172,7 @@ inline bool aligned_to(void const* ptr, std::size_t bytes)
  *
  * Checked: non-null `queries`, `rows`, `slots`, `out`; `batch >= 0`, `num_queries >= 1`,
  * `1 <= top_k <= max_top_k`; `num_heads` (MLA: 16, 32, 64 or 128; MHA: a positive multiple
- * of the KV heads); `row_stride` a multiple of 16 and at least the row bytes; 16-byte
+ * of the KV heads); `row_stride` a multiple of 16, at least the row bytes and below 4 GiB; 16-byte
  * aligned `rows` and `queries` with query strides that keep every query head 16-byte
  * aligned; 4-byte aligned `out` with even output strides; non-negative strides and
  * `num_slots`; a finite `softmax_scale`; `0 <= num_splits <= max_splits`.
@@ -208,9 +208,9 @@ std::string check(params const& p)
              str(traits::kv_heads) + " KV heads";
     }
   }
-  if (p.row_stride % row_alignment != 0 || p.row_stride < RowFormat::bytes) {
-    return "row_stride (" + str(p.row_stride) + ") must be a multiple of 16 and >= " +
-           str(RowFormat::bytes) + " (row bytes)";
+  if (p.row_stride % row_alignment != 0 || p.row_stride < RowFormat::bytes || p.row_stride > 0xFFFFFFF0u) {
+    return "row_stride (" + str(p.row_stride) + ") must be a multiple of 16, >= " + str(RowFormat::bytes) +
+           " (row bytes) and below 4 GiB";
   }
   if (!detail::aligned_to(p.rows, row_alignment)) { return "rows is not 16-byte aligned"; }
   if (!detail::aligned_to(p.queries, 16)) { return "queries is not 16-byte aligned"; }
