@@ -9,6 +9,11 @@
  * of the applicable roofline: min time = max(FLOP / bf16 tensor peak, unique row bytes /
  * HBM copy bandwidth), both ceilings measured in the same run.
  *
+ * For Q = 1 it also times a plain gather of the same rows (`gather_rows`: every byte read with
+ * 16-byte loads at full occupancy, nothing computed) and reports the kernel's time against
+ * it: random rows of 656 bytes cannot be read at the copy bandwidth, so for FP8 rows at
+ * h_q = 64 this, not the HBM roofline, is the ceiling the kernel runs into.
+ *
  * Workload: a pool of 512 Ki slots (one layer per slot), queries and rows drawn from a
  * hash (non-zero, no NaN codes), four rotating slot tables so that no call finds its rows in
  * L2. Q = 4: each request draws K distinct slots for its first query; the others replace 10%
@@ -139,6 +144,41 @@ selection_set make_selections(std::mt19937_64& rng, int batch, int queries, int 
   return s;
 }
 
+/**
+ * Reads every 16-byte chunk of the rows a slot table names — four loads in flight per thread,
+ * full occupancy, nothing computed — so the time is what a gather of exactly these rows
+ * costs on its own (the attention kernel cannot read them faster). The XOR of everything
+ * read goes to `sink` only in the unlikely case it equals a marker, so the loads stay.
+ */
+__global__ void gather_rows(std::byte const* rows, int row_bytes, std::int32_t const* slots, std::int64_t count,
+                            uint4* sink)
+{
+  int const chunks          = row_bytes / 16;
+  std::int64_t const total  = count * chunks;
+  std::int64_t const stride = std::int64_t(gridDim.x) * blockDim.x;
+  uint4 acc                 = make_uint4(0, 0, 0, 0);
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      std::int64_t const j = i + k * stride;
+      v[k]                 = make_uint4(0, 0, 0, 0);
+      if (j < total) {
+        std::int64_t const r = j / chunks;
+        v[k] = __ldg(reinterpret_cast<uint4 const*>(rows + std::int64_t(slots[r]) * row_bytes) + (j - r * chunks));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      acc.x ^= v[k].x;
+      acc.y ^= v[k].y;
+      acc.z ^= v[k].z;
+      acc.w ^= v[k].w;
+    }
+  }
+  if (acc.x == 0x9E3779B9u && acc.y == 0x7F4A7C15u) { sink[threadIdx.x] = acc; }
+}
+
 struct config {
   bool fp8;
   int heads;
@@ -202,8 +242,14 @@ int main(int argc, char** argv)
   report.set("top_k", double(top_k));
   report.set("num_slots", double(num_slots));
 
-  std::printf("\n%-5s %5s %2s %-6s %6s %9s %8s %10s %10s %-6s %9s %8s\n", "rows", "h_q", "Q", "order",
-              "splits", "time_us", "TFLOP/s", "rows_GB/s", "uniq_GB/s", "bound", "floor_us", "roofline");
+  uint4* sink = nullptr;
+  DHISPARSE_CUDA_TRY(cudaMalloc(&sink, 1024 * sizeof(uint4)));
+  int sm_count = 0;
+  DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+
+  std::printf("\n%-5s %5s %2s %-6s %6s %9s %8s %10s %10s %-6s %9s %8s %9s %7s\n", "rows", "h_q", "Q", "order",
+              "splits", "time_us", "TFLOP/s", "rows_GB/s", "uniq_GB/s", "bound", "floor_us", "roofline",
+              "gather_us", "of_gath");
   for (auto const& c : configs) {
     // Selections: `tables` rotating tables of the same shape.
     std::vector<std::int32_t*> slot_tables(tables, nullptr);
@@ -258,6 +304,17 @@ int main(int argc, char** argv)
     for (auto v : host_out) { non_finite += (v & 0x7F80u) == 0x7F80u; }
     DHISPARSE_EXPECTS(non_finite == 0, "attention output has non-finite values");
 
+    // Q = 1: the same rows gathered with nothing computed (a ceiling of this access pattern).
+    double gather_us = 0;
+    if (c.queries == 1) {
+      std::int64_t const count = std::int64_t(batch) * top_k;
+      auto const gms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
+        gather_rows<<<unsigned(sm_count) * 8, 256, 0, stream>>>(c.fp8 ? slab_fp8 : slab_bf16, int(row_bytes),
+                                                                slot_tables[rep % tables], count, sink);
+        DHISPARSE_CUDA_TRY(cudaGetLastError());
+      });
+      gather_us = bench::median(gms) * 1e3;
+    }
     double const t_us        = bench::median(ms) * 1e3;
     double const flops       = 2.0 * batch * c.queries * c.heads * double(top_k) * (576 + 512);
     double const rows_bytes  = double(batch) * c.queries * top_k * row_bytes;
@@ -271,9 +328,14 @@ int main(int argc, char** argv)
     double const unique_gbps = uniq_bytes / (t_us * 1e-6) / 1e9;
     double const fraction    = floor_us / t_us;
     char const* order        = c.queries == 1 ? "-" : (c.sorted ? "sorted" : "random");
-    std::printf("%-5s %5d %2d %-6s %6d %9.1f %8.1f %10.0f %10.0f %-6s %9.1f %7.1f%%\n", c.fp8 ? "fp8" : "bf16",
+    std::printf("%-5s %5d %2d %-6s %6d %9.1f %8.1f %10.0f %10.0f %-6s %9.1f %7.1f%%", c.fp8 ? "fp8" : "bf16",
                 c.heads, c.queries, order, splits, t_us, tflops, rows_gbps, unique_gbps, bound, floor_us,
                 100.0 * fraction);
+    if (gather_us > 0) {
+      std::printf(" %9.1f %6.1f%%\n", gather_us, 100.0 * gather_us / t_us);
+    } else {
+      std::printf(" %9s %7s\n", "-", "-");
+    }
     report.add_record();
     report.field("rows", c.fp8 ? "mla_fp8_656" : "mla_bf16_576");
     report.field("heads", double(c.heads));
@@ -289,12 +351,17 @@ int main(int argc, char** argv)
     report.field("floor_compute_us", t_compute);
     report.field("floor_memory_us", t_memory);
     report.field("roofline_fraction", fraction);
+    if (gather_us > 0) {
+      report.field("gather_us", gather_us);
+      report.field("gather_fraction", gather_us / t_us);
+    }
 
     for (auto* t : slot_tables) { cudaFree(t); }
     if (workspace) { cudaFree(workspace); }
   }
   report.write(opt.json_path);
 
+  cudaFree(sink);
   cudaFree(slab_bf16);
   cudaFree(slab_fp8);
   cudaFree(queries);
