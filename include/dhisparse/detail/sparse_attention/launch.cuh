@@ -75,18 +75,6 @@ launch_plan make_plan(params const& p, int num_sms)
   return plan;
 }
 
-namespace mla {
-
-/// Whether `run` launches the two-CTA (cluster) MLA kernel: FP8 rows, two head tiles per
-/// query (h_q = 128), and a device with clusters (compute capability 9.0 or newer).
-template <class RowFormat>
-bool use_crossover(kernel_args const& a, int major)
-{
-  return format_traits<RowFormat>::is_fp8 && a.units_per_query == 2 && major >= 9;
-}
-
-}  // namespace mla
-
 /// SM count and compute capability major of the current device.
 inline cudaError_t current_device_shape(int& num_sms, int& major)
 {
@@ -157,30 +145,35 @@ cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, c
 
   if constexpr (traits::is_mla) {
     constexpr int smem = detail::mla::smem_layout::alloc;
-    auto* crossover = &detail::mla_attention_kernel<true, true>;
-    cudaFuncAttributes crossover_attributes{};
-    if (detail::mla::use_crossover<RowFormat>(a, major) &&
-        cudaFuncGetAttributes(&crossover_attributes, crossover) == cudaSuccess &&
-        crossover_attributes.binaryVersion >= 90) {  // built for a target with clusters
-      // FP8 rows, h_q = 128: the two head tiles of a (b, q, split) are neighbours in the grid
-      // and run as a cluster that dequantizes each tile once (half in each CTA).
-      status = cudaFuncSetAttribute(crossover, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (status != cudaSuccess) { return status; }
-      cudaLaunchAttribute cluster{};
-      cluster.id               = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 2;
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim          = dim3(unsigned(grid));
-      config.blockDim         = dim3(detail::mla::threads);
-      config.dynamicSmemBytes = smem;
-      config.stream           = stream;
-      config.attrs            = &cluster;
-      config.numAttrs         = 1;
-      status                  = cudaLaunchKernelEx(&config, crossover, a);
-      if (status != cudaSuccess) { return status; }
-    } else {
+    bool clustered     = false;
+    if constexpr (traits::is_fp8) {
+      // h_q = 128: the two head tiles of a (b, q, split) are neighbours in the grid and run as
+      // a cluster that dequantizes each tile once (half in each CTA) — on a device with
+      // clusters, with the kernel built for one.
+      auto* crossover = &detail::mla_attention_kernel<true, true>;
+      cudaFuncAttributes attributes{};
+      clustered = a.units_per_query == 2 && major >= 9 &&
+                  cudaFuncGetAttributes(&attributes, crossover) == cudaSuccess && attributes.binaryVersion >= 90;
+      if (clustered) {
+        status = cudaFuncSetAttribute(crossover, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (status != cudaSuccess) { return status; }
+        cudaLaunchAttribute cluster{};
+        cluster.id               = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = 2;
+        cluster.val.clusterDim.y = 1;
+        cluster.val.clusterDim.z = 1;
+        cudaLaunchConfig_t config{};
+        config.gridDim          = dim3(unsigned(grid));
+        config.blockDim         = dim3(detail::mla::threads);
+        config.dynamicSmemBytes = smem;
+        config.stream           = stream;
+        config.attrs            = &cluster;
+        config.numAttrs         = 1;
+        status                  = cudaLaunchKernelEx(&config, crossover, a);
+        if (status != cudaSuccess) { return status; }
+      }
+    }
+    if (!clustered) {
       auto* kernel = &detail::mla_attention_kernel<traits::is_fp8, false>;
       status       = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (status != cudaSuccess) { return status; }
