@@ -22,6 +22,13 @@ inline constexpr int tile_n = 64;
 inline constexpr float log2_e = 1.4426950408889634f;
 inline constexpr float ln_2   = 0.6931471805599453f;
 
+/// How far (log2 domain) a tile's score maximum may exceed the running maximum before the
+/// online softmax moves it. Below that the probabilities are exp2(s - m) ≤ 2^8 — harmless in
+/// fp32 sums and in bf16 P, whose precision is relative — and the accumulators need no
+/// rescaling; as the running maximum of a row quickly approaches its final value, nearly every
+/// tile after the first then skips the rescale (FlashAttention-4's conditional rescaling).
+inline constexpr float max_slack_log2 = 8.f;
+
 /**
  * @brief Grid-invariant arguments of the attention kernels, passed by value.
  *
@@ -47,6 +54,13 @@ static_assert(std::is_trivially_copyable_v<kernel_args>);
 #if defined(__CUDACC__)
 
 /// Batch rows to compute: `*batch_size` clamped to [0, batch], or `batch`.
+/// The running maximum (log2 domain) after a tile with maximum `tile_max`: moved only when
+/// the tile's exceeds it by more than `max_slack_log2` (always from -inf to a finite one).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE float next_running_max(float running, float tile_max)
+{
+  return tile_max > running + max_slack_log2 ? tile_max : running;
+}
+
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int real_batch(params const& p)
 {
   if (p.batch_size == nullptr) { return p.batch; }

@@ -182,7 +182,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mha::threads) mha_attention_kernel(kerne
     for (int i = 0; i < 2; ++i) {
       mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
       mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
-      float const m_new = fmaxf(m_row[i], mx[i]);
+      float const m_new = next_running_max(m_row[i], mx[i]);
       m_use[i]          = m_new == -INFINITY ? 0.f : m_new;
       alpha[i]          = exp2f(m_row[i] - m_use[i]);
       m_row[i]          = m_new;

@@ -606,7 +606,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
       for (int i = 0; i < 2; ++i) {
         mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
         mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
-        float const m_new = fmaxf(m_row[i], mx[i]);
+        float const m_new = next_running_max(m_row[i], mx[i]);
         m_use[i]          = m_new == -INFINITY ? 0.f : m_new;  // no valid entry yet: p = 0
         alpha[i]          = exp2f(m_row[i] - m_use[i]);
         m_row[i]          = m_new;
