@@ -54,6 +54,16 @@ static_assert(std::is_trivially_copyable_v<kernel_args>);
 #if defined(__CUDACC__)
 
 /// Batch rows to compute: `*batch_size` clamped to [0, batch], or `batch`.
+/// 2^x on the special-function unit alone (`ex2.approx.ftz`): `exp2f` wraps the same
+/// instruction in range fix-ups for subnormal results, i.e. probabilities below 2^-126 of the
+/// row maximum, which the softmax may as well flush to zero. Three instructions fewer per score.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE float exp2_approx(float x)
+{
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// The running maximum (log2 domain) after a tile with maximum `tile_max`: moved only when
 /// the tile's exceeds it by more than `max_slack_log2` (always from -inf to a finite one).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE float next_running_max(float running, float tile_max)

@@ -184,15 +184,15 @@ DHISPARSE_KERNEL void __launch_bounds__(mha::threads) mha_attention_kernel(kerne
       mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
       float const m_new = next_running_max(m_row[i], mx[i]);
       m_use[i]          = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i]          = exp2f(m_row[i] - m_use[i]);
+      alpha[i]          = exp2_approx(m_row[i] - m_use[i]);
       m_row[i]          = m_new;
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      s[4 * j + 0] = exp2f(s[4 * j + 0] - m_use[0]);
-      s[4 * j + 1] = exp2f(s[4 * j + 1] - m_use[0]);
-      s[4 * j + 2] = exp2f(s[4 * j + 2] - m_use[1]);
-      s[4 * j + 3] = exp2f(s[4 * j + 3] - m_use[1]);
+      s[4 * j + 0] = exp2_approx(s[4 * j + 0] - m_use[0]);
+      s[4 * j + 1] = exp2_approx(s[4 * j + 1] - m_use[0]);
+      s[4 * j + 2] = exp2_approx(s[4 * j + 2] - m_use[1]);
+      s[4 * j + 3] = exp2_approx(s[4 * j + 3] - m_use[1]);
     }
     l_row[0] = l_row[0] * alpha[0] + ((s[0] + s[1]) + (s[4] + s[5]));
     l_row[1] = l_row[1] * alpha[1] + ((s[2] + s[3]) + (s[6] + s[7]));
@@ -255,7 +255,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mha::threads) mha_attention_kernel(kerne
   float l_tot = 0.f;
 #pragma unroll
   for (int w = 0; w < mha::warps; ++w) {
-    float const f = exp2f(merge_m[w * mha::tile_m + r] - m_use);
+    float const f = exp2_approx(merge_m[w * mha::tile_m + r] - m_use);
     l_tot += f * merge_l[w * mha::tile_m + r];
     float const* src = merge_o + (w * mha::tile_m + r) * mha::merge_pitch + d0;
 #pragma unroll

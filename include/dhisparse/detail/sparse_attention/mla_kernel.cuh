@@ -608,7 +608,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
         mx[i]             = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
         float const m_new = next_running_max(m_row[i], mx[i]);
         m_use[i]          = m_new == -INFINITY ? 0.f : m_new;  // no valid entry yet: p = 0
-        alpha[i]          = exp2f(m_row[i] - m_use[i]);
+        alpha[i]          = exp2_approx(m_row[i] - m_use[i]);
         m_row[i]          = m_new;
       }
       float sum[2] = {0.f, 0.f};
@@ -616,7 +616,7 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[4 * j + e] = exp2f(s[4 * j + e] - m_use[e >> 1]);
+          s[4 * j + e] = exp2_approx(s[4 * j + e] - m_use[e >> 1]);
           sum[e >> 1] += s[4 * j + e];
         }
         // A fragment of k-step j / 2: registers (row r0, row r0 + 8) of columns
