@@ -154,14 +154,16 @@ void compare(device_problem<F>& dp, int real_batch)
 }
 
 template <class F>
-void check_case(test::attention_shape const& shape, char const* what)
+void check_case(test::attention_shape const& shape, char const* what, float logit_scale = 1.f)
 {
   auto rng = test::seeded_engine(what);
   auto pb  = test::make_problem<F>(rng, shape);
+  pb.softmax_scale *= logit_scale;
   device_problem<F> dp(pb);
   INFO(what << ": B=" << shape.batch << " Q=" << shape.num_queries << " H=" << shape.num_heads
             << " K=" << shape.top_k << " splits=" << dp.p.num_splits << " (used "
-            << sa::num_splits<F>(dp.p, 132) << " on 132 SMs), layers=" << pb.layers);
+            << sa::num_splits<F>(dp.p, 132) << " on 132 SMs), layers=" << pb.layers
+            << ", softmax scale " << pb.softmax_scale);
   dp.run();
   compare(dp, shape.batch);
   CHECK(dp.status.download()[0] == 0u);
@@ -247,6 +249,22 @@ TEMPLATE_TEST_CASE("MHA / GQA sparse attention matches the host reference", "[mh
   } else {
     check_case<TestType>({2, 2, 16, 129, 0}, "mqa group 16");
     check_case<TestType>({2, 1, 40, 700, 0}, "mqa group 40 (partial head tile)");
+  }
+}
+
+TEMPLATE_TEST_CASE("row maxima that rise by more than 2^8 after the first tile", "[mla][mha][small]", mla_bf16,
+                   gqa8)
+{
+  // The running maximum moves only when a tile raises it by more than 2^8 (log2 domain,
+  // `max_slack_log2`); the logits of the other cases span a few units, so after the first
+  // tile they only exercise the probabilities above 1 of a stale maximum. Logits 16x larger
+  // (a standard deviation of roughly 10 to 90 in log2 units) make later tiles move it and
+  // rescale too. bf16 rows only: their inputs are exact, whereas FP8 rows' bf16 rounding of
+  // the dequantized values moves such logits by ~0.2 (the FP8 tolerance assumes ~0.01); the
+  // softmax code is the same for both.
+  check_case<TestType>({2, 1, 64, 640, 1}, "large logits", 16.f);
+  if constexpr (!std::is_same_v<TestType, gqa8>) {
+    check_case<TestType>({1, 2, 128, 400, 2}, "large logits, two head tiles, split 2", 16.f);
   }
 }
 
