@@ -53,7 +53,6 @@ static_assert(std::is_trivially_copyable_v<kernel_args>);
 
 #if defined(__CUDACC__)
 
-/// Batch rows to compute: `*batch_size` clamped to [0, batch], or `batch`.
 /// 2^x on the special-function unit alone (`ex2.approx.ftz`): `exp2f` wraps the same
 /// instruction in range fix-ups for subnormal results, i.e. probabilities below 2^-126 of the
 /// row maximum, which the softmax may as well flush to zero. Three instructions fewer per score.
@@ -71,6 +70,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE float next_running_max(float running, flo
   return tile_max > running + max_slack_log2 ? tile_max : running;
 }
 
+/// Batch rows to compute: `*batch_size` clamped to [0, batch], or `batch`.
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int real_batch(params const& p)
 {
   if (p.batch_size == nullptr) { return p.batch; }
