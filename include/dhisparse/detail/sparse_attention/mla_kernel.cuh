@@ -8,11 +8,12 @@
  *
  * - producer (warpgroup 2) fills two bf16 tile stages: bf16 rows are copied with 16-byte
  *   `cp.async` straight into the 128-byte-swizzled operand tile; FP8 rows are loaded into
- *   registers half a tile ahead, dequantized with their per-128 tile scales and stored as bf16
- *   (the rope part and the scales are copied with `cp.async`). Invalid / -1 entries become
- *   zero rows. Each filled stage is signalled through an mbarrier. With h_q = 128 and FP8
- *   rows the two head tiles run as a cluster: each CTA dequantizes half of every tile into
- *   both CTAs' stages (`st.async`);
+ *   registers ahead of their use, dequantized with their per-128 tile scales and stored as
+ *   bf16 (the rope part and the scales are copied with `cp.async`). Invalid / -1 entries
+ *   become zero rows. Each filled stage is signalled through an mbarrier. With h_q = 128 and
+ *   FP8 rows the two head tiles run as a cluster: each CTA dequantizes half of every tile
+ *   into both CTAs' stages (`st.async`); otherwise the value warpgroup dequantizes 16 of the
+ *   64 rows of every FP8 tile (`value_share`);
  * - score warpgroup (0): S = Q K^T over the whole 64 x 64 tile (36 `wgmma` m64n64k16, Q and
  *   K from shared memory), masking, online softmax (every row's 64 columns live in one quad
  *   of lanes: no cross-warp reduction), P (bf16) and the rescale factors to shared memory for
@@ -24,6 +25,10 @@
  * latent values are never copied. Where the translation unit is not compiled for sm_90a,
  * the same roles run on `mma.sync` m16n8k16 with `ldmatrix` (the `wgmma` accumulator and
  * A-register layouts are those of four m16n8 tiles per warp, so all other code is shared).
+ *
+ * At the end both consumers stage O / l in the (then free) tile stages and store whole
+ * output rows with 16-byte stores (the accumulator layout gives 4-byte pieces of 8 rows per
+ * instruction: half-used sectors and four times the store instructions).
  *
  * Shared memory: Q 72 KiB + 2 x 72 KiB tile stages + P 8 KiB + row statistics ≈ 226 KiB;
  * one CTA per SM.
@@ -57,24 +62,43 @@ inline constexpr int tile_bytes     = 9 * block_bytes;   ///< 64 rows x 576 bf16
 inline constexpr int fp8_row_bytes  = 656;               ///< 512 e4m3 + 4 fp32 scales + 64 bf16
 inline constexpr int fp8_rope_offset = 528;
 inline constexpr int p_bytes        = tile_m * tile_n * 2;
+/// Row pitches of the output tile staged in the (then free) tile stages at the end: bf16 or
+/// fp32 rows plus 16 / 32 bytes, so that the accumulator fragments store without bank conflicts.
+inline constexpr int o_pitch         = value_dim * 2 + 16;
+inline constexpr int o_pitch_partial = value_dim * 4 + 32;
 
 /// Named barriers (id 0 is `__syncthreads`), each between the two consumer warpgroups.
 inline constexpr int barrier_p_ready  = 1;  ///< score → value: P and the rescale factors are in shared memory
 inline constexpr int barrier_p_free   = 2;  ///< value → score: P may be overwritten
 inline constexpr int barrier_epilogue = 3;  ///< score → value: row sums are in shared memory
+inline constexpr int barrier_output   = 4;  ///< both: the output tile is in shared memory
+
+/// Rows of every FP8 tile that the value warpgroup dequantizes itself (the producer the other
+/// 64 - value_rows): the producer's dequantization is the kernel's critical path for FP8 rows,
+/// while the value warpgroup waits for the score warpgroup's softmax most of every tile (16
+/// measured best; 32 overloads it). Only with `wgmma` (the value warpgroup needs registers
+/// beyond the launch allocation for them) and not with `Crossover` (the two CTAs split the
+/// dequantization there instead).
+template <bool Fp8, bool Crossover>
+inline constexpr int value_rows =
+#if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
+  Fp8 && !Crossover ? 16 : 0;
+#else
+  0;
+#endif
 
 /// Per-thread register budgets after `setmaxnreg` (sm_90a). They add up to the 504 a thread
 /// of each warpgroup gets at launch (65536 / 384, rounded down to a multiple of 8). The score
 /// warpgroup holds 128 output + 32 score accumulators and 16 P registers; with less, ptxas
-/// serializes its `wgmma` (warning C7512). The value warpgroup holds 128 accumulators, the
-/// FP8 producer a tile's e4m3 bytes (64 registers). Chosen with `ptxas -v`: no role spills
-/// and no C7512 for either format.
-template <bool Fp8>
+/// serializes its `wgmma` (warning C7512). The value warpgroup holds 128 accumulators (and the
+/// e4m3 bytes of its `ValueRows`, 4 registers per row of a warp), the FP8 producer the e4m3
+/// bytes of its rows. Chosen with `ptxas -v`: no role spills and no C7512 for either format.
+template <bool Fp8, int ValueRows>
 struct register_budget {
   static constexpr int launch   = 168;
   static constexpr int score    = Fp8 ? 208 : 232;
-  static constexpr int value    = Fp8 ? 160 : 208;
-  static constexpr int producer = Fp8 ? 136 : 64;
+  static constexpr int value    = (Fp8 ? 160 : 208) + ValueRows;
+  static constexpr int producer = (Fp8 ? 136 : 64) - ValueRows;
   static_assert(score + value + producer == 3 * launch, "budgets must use the launch allocation");
 };
 
@@ -91,6 +115,7 @@ struct smem_layout {
   static constexpr int alloc   = bytes + 1024;                  ///< + slack to align the base
 };
 static_assert(smem_layout::alloc <= 232448, "MLA tiles exceed 227 KiB of shared memory");
+static_assert(tile_m * o_pitch_partial <= stages * tile_bytes, "the output tile must fit in the stages");
 
 #if defined(__CUDACC__)
 
@@ -329,13 +354,11 @@ struct fp8_rows {
   DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void load(cta_work const& w, int slot, int first_lane, int first_row,
                                                    int lane, std::uint32_t scales)
   {
+    std::byte const* const lane_rows = w.rows + 8 * lane;  // slot id → address: one wide multiply-add
 #pragma unroll
     for (int i = 0; i < Rows; ++i) {
-      int const s          = __shfl_sync(0xFFFFFFFFu, slot, first_lane + i);
-      bool const ok        = s >= 0;
-      std::byte const* row = w.row(ok ? s : 0);
-      lo[i] = load_global_8(row + 8 * lane, ok);
-      hi[i] = load_global_8(row + 256 + 8 * lane, ok);
+      int const s = __shfl_sync(0xFFFFFFFFu, slot, first_lane + i);
+      load_global_8x2(lo[i], hi[i], lane_rows + std::uint64_t(std::uint32_t(max(s, 0))) * w.row_stride, s);
     }
     if (lane >= first_lane && lane < first_lane + Rows) {
       cp_async_16(scales + 16 * (first_row + lane - first_lane), w.row(slot >= 0 ? slot : 0) + 512, slot >= 0);
@@ -373,29 +396,42 @@ struct fp8_rows {
 
 /**
  * @brief Producer, FP8 rows. Warp w copies the rope part of rows [16w, 16w + 16) with
- *        `cp.async` and dequantizes the latent part of its share of the rows: rows [16w,
- *        16w + 16), or with `Crossover` (two CTAs of a cluster computing the two head tiles
- *        of h_q = 128 over the same rows) rows [32 r + 8w, 32 r + 8w + 8) of CTA rank r,
- *        stored into both CTAs' stages — each CTA dequantizes half of every tile.
+ *        `cp.async` and dequantizes the latent part of its share of the rows: rows [n w,
+ *        n w + n) with n = (64 - value_rows) / 4 (the value warpgroup dequantizes the last
+ *        value_rows, see `value_share`), or with `Crossover` (two CTAs of a cluster
+ *        computing the two head tiles of h_q = 128 over the same rows) rows
+ *        [32 r + 8w, 32 r + 8w + 8) of CTA rank r, stored into both CTAs' stages — each CTA
+ *        dequantizes half of every tile.
  *
- * The dequantized rows are handled in two parts whose e4m3 bytes sit in registers. The loads
- * of a part for the next tile are issued as soon as the part is stored, so they have the other
- * part's dequantization to land (loading a whole tile after the previous one was stored left
- * the load latency on the producer's path, which is the kernel's critical one for FP8 rows).
+ * The dequantized rows are handled in parts whose e4m3 bytes sit in registers. Without
+ * `Crossover` the loads of a part for the next tile are issued as soon as the part is stored,
+ * so they have the other parts' dequantization to land (loading a whole tile after the
+ * previous one was stored left the load latency on the producer's path, which is the
+ * kernel's critical one for FP8 rows); with it, after the whole tile (`one_batch`). Every
+ * global load of a warp shares one scoreboard (ptxas), so the first read of any loaded
+ * register waits for the newest load: entries are read only where such a wait happens anyway.
  * Lanes 0-15 hold the slot ids of the rope rows, lanes 16 + i those of the dequantized rows.
  */
 template <bool Crossover>
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int warp, int lane)
 {
-  constexpr int rows_per_warp = Crossover ? tile_n / 8 : tile_n / 4;
-  constexpr int parts = 2;  // 4 or 8 parts measured slower (more loads, no shorter waits)
-  constexpr int part_rows     = rows_per_warp / parts;
+  constexpr int rows_per_warp = Crossover ? tile_n / 8 : (tile_n - value_rows<true, false>) / 4;
+  // Two parts of 8 rows (4 or 8 parts measured slower: more loads, no shorter waits), else of 4.
+  constexpr int part_rows = rows_per_warp == 16 ? 8 : 4;
+  constexpr int parts     = rows_per_warp / part_rows;
+  static_assert(rows_per_warp % part_rows == 0, "value_rows must leave the producer whole parts");
+  // With `Crossover` (8 rows a warp) every part of the next tile is loaded after the tile is
+  // stored: one load wait per tile measured faster there (-3 to -6%), slower with 12 rows.
+  constexpr bool one_batch = Crossover;
   int const rank              = Crossover ? cluster_rank() : 0;
   int const rope0             = warp * 16;
-  int const deq0              = Crossover ? rank * (tile_n / 2) + warp * rows_per_warp : rope0;
+  int const deq0              = (Crossover ? rank * (tile_n / 2) : 0) + warp * rows_per_warp;
   int const mine = lane < 16 ? rope0 + lane : (lane - 16 < rows_per_warp ? deq0 + lane - 16 : -1);
   int slot       = mine >= 0 ? w.valid(w.entry(0, mine), true) : -1;  // this tile's slot ids
   int next       = mine >= 0 ? w.entry(1, mine) : -1;                  // the next tile's entries
+  // Lane l copies the rope of row 16w + l % 16, whose slot id lane l % 16 holds; shuffled a
+  // tile ahead, so that the shuffle's latency is not on the producer's path.
+  int rope_slot = __shfl_sync(0xFFFFFFFFu, slot, lane & 15);
   std::uint32_t const scales = w.smem_base + smem_layout::scales;
   float const* const scale_f = reinterpret_cast<float const*>(w.smem + smem_layout::scales);
   fp8_rows<part_rows> rows[parts];
@@ -415,7 +451,6 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int w
     // Rope: lane l copies 16-byte chunks 4 (l / 16) .. 4 (l / 16) + 3 of rope row 16w + l % 16
     // (consecutive chunks of one row differ only in the swizzled chunk bits).
     {
-      int const rope_slot  = __shfl_sync(0xFFFFFFFFu, slot, lane & 15);
       bool const ok        = rope_slot >= 0;
       std::byte const* src = w.row(ok ? rope_slot : 0) + fp8_rope_offset + 64 * (lane >> 4);
       std::uint32_t const first = dst + sw128_offset(rope0 + (lane & 15), 64 + 4 * (lane >> 4));
@@ -424,14 +459,17 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int w
     }
     cp_async_commit();
     int const next_slot = mine >= 0 ? w.valid(next, true) : -1;
+    rope_slot           = __shfl_sync(0xFFFFFFFFu, next_slot, lane & 15);
 #pragma unroll
     for (int k = 0; k < parts; ++k) {
       // In flight: scales of parts k.. of tile t, the rope, scales of parts ..k-1 of tile t + 1.
-      cp_async_wait<parts>();  // part k's scales
-      __syncwarp();
+      if (!one_batch || k == 0) {
+        cp_async_wait<one_batch ? 1 : parts>();  // part k's (with one_batch: every part's) scales
+        __syncwarp();
+      }
       rows[k].template store<Crossover>(stage, deq0 + k * part_rows, lane, scale_f, peer_stage, peer_full);
-      __syncwarp();  // every lane has read part k's scales
-      if (k + 1 < parts) {
+      if (!one_batch && k + 1 < parts) {
+        __syncwarp();  // every lane has read part k's scales
         if (more) {
           rows[k].load(w, next_slot, 16 + k * part_rows, deq0 + k * part_rows, lane, scales);
         } else {
@@ -439,7 +477,8 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int w
         }
       }
     }
-    cp_async_wait<parts - 1>();  // the rope part
+    __syncwarp();  // every lane has read the scales of the parts still to be reloaded
+    cp_async_wait<one_batch ? 0 : parts - 1>();  // the rope part
     fence_proxy_async();  // this thread's stores and copies, read by wgmma (async proxy)
     if (Crossover && warp == 0 && lane == 0) {
       mbarrier_arrive_expect_tx(w.full_bar(t), crossover_bytes);  // the peer's half of the tile
@@ -448,13 +487,64 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int w
     }
     slot = next_slot;
     next = after;
-    // The last part's loads only after the arrival (whose release could wait for them).
+    // The last part's (with one_batch: every part's) loads only after the arrival (whose
+    // release could wait for them).
     if (more) {
-      rows[parts - 1].load(w, slot, 16 + (parts - 1) * part_rows, deq0 + (parts - 1) * part_rows, lane, scales);
+#pragma unroll
+      for (int k = one_batch ? 0 : parts - 1; k < parts; ++k) {
+        rows[k].load(w, slot, 16 + k * part_rows, deq0 + k * part_rows, lane, scales);
+      }
     }
   }
   cp_async_wait<0>();
 }
+
+/**
+ * @brief The value warpgroup's share of the FP8 dequantization: warp w of it dequantizes rows
+ *        [64 - 4 Rows + Rows w, + Rows) of every tile, the rows' e4m3 bytes loaded into
+ *        registers one tile ahead. The stage of tile t is filled while the score warpgroup
+ *        computes tile t - 1's scores and softmax, the time the value warpgroup otherwise
+ *        waits; the full barrier of a stage counts the value warpgroup's threads too.
+ */
+template <int Rows>
+struct value_share {
+  fp8_rows<Rows> data;  ///< the rows of the next tile to fill
+  int row0;             ///< this warp's first row of a tile
+  int mine;             ///< tile row whose slot id this lane holds (lanes 0 .. Rows - 1), or -1
+  int next;             ///< selection entry of the tile after the loaded one
+
+  /// Issues the loads of tile 0's rows.
+  DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void begin(cta_work const& w, int warp, int lane)
+  {
+    row0           = tile_n - 4 * Rows + warp * Rows;
+    mine           = lane < Rows ? row0 + lane : -1;
+    int const slot = mine >= 0 ? w.valid(w.entry(0, mine), false) : -1;  // the producer reports
+    next           = mine >= 0 ? w.entry(1, mine) : -1;
+    if (w.n_tiles > 0) { data.load(w, slot, 0, row0, lane, w.smem_base + smem_layout::scales); }
+  }
+
+  /// Dequantizes the loaded rows into tile t's stage once it is free, arrives on its full
+  /// barrier and issues the loads of tile t + 1's rows.
+  DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fill(cta_work const& w, int t, int lane)
+  {
+    if (t >= stages) { mbarrier_wait(w.empty_bar(t), cta_work::phase(t) ^ 1u); }
+    cp_async_wait<0>();  // the rows' scales
+    __syncwarp();
+    std::uint32_t const dst = w.stage_addr(t);
+    data.template store<false>(w.smem + (dst - w.smem_base), row0, lane,
+                               reinterpret_cast<float const*>(w.smem + smem_layout::scales), 0u, 0u);
+    __syncwarp();  // every lane has read the scales before they are reloaded
+    fence_proxy_async();
+    mbarrier_arrive(w.full_bar(t));
+    if (t + 1 < w.n_tiles) {
+      // Global loads share one scoreboard: `next` is read here, after the rows loaded with it
+      // were used, and reloaded here, so that nothing waits for the new rows before the next fill.
+      int const slot = mine >= 0 ? w.valid(next, false) : -1;
+      next           = mine >= 0 ? w.entry(t + 2, mine) : -1;
+      data.load(w, slot, 0, row0, lane, w.smem_base + smem_layout::scales);
+    }
+  }
+};
 
 /// A consumer thread is done with tile t's stage (with `Crossover` the peer's producer
 /// writes into it too, so the warp also arrives on the peer's empty barrier once).
@@ -489,7 +579,8 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   static_assert(Fp8 || !Crossover, "two-CTA clusters share dequantized FP8 rows only");
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
   using layout = mla::smem_layout;
-  using budget = mla::register_budget<Fp8>;
+  constexpr int value_rows = mla::value_rows<Fp8, Crossover>;
+  using budget           = mla::register_budget<Fp8, value_rows>;
   extern __shared__ __align__(1024) unsigned char smem_dynamic[];
   std::uint32_t const dyn_addr  = smem_address(smem_dynamic);
   std::uint32_t const smem_base = (dyn_addr + 1023u) & ~1023u;
@@ -524,7 +615,8 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
 
   if (tid == 0) {
     for (int t = 0; t < mla::stages; ++t) {
-      mbarrier_init(w.full_bar(t), mla::warpgroup);   // every producer thread
+      // every producer thread, and every value thread where it dequantizes rows too
+      mbarrier_init(w.full_bar(t), mla::warpgroup * (value_rows > 0 ? 2 : 1));
       // every consumer thread, and with Crossover one thread per consumer warp of the peer
       mbarrier_init(w.empty_bar(t), mla::consumers + (Crossover ? mla::consumers / 32 : 0));
     }
@@ -663,6 +755,11 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
     mla::consumer_sync(mla::barrier_epilogue);
   } else {
     set_max_registers<(budget::value > budget::launch), budget::value>();
+    [[maybe_unused]] mla::value_share<(value_rows > 0 ? value_rows / 4 : 1)> share;
+    if constexpr (value_rows > 0) {
+      share.begin(w, warp, lane);
+      for (int t = 0; t < min(w.n_tiles, mla::stages); ++t) { share.fill(w, t, lane); }
+    }
     for (int t = 0; t < w.n_tiles; ++t) {
       mla::consumer_sync(mla::barrier_p_ready);
       mbarrier_wait(w.full_bar(t), mla::cta_work::phase(t));  // complete already; orders the tile's writes
@@ -672,6 +769,10 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
       wgmma_wait<0>();
       fence_registers(o);
       mla::release_stage<Crossover>(w, t, lane);  // before the hand-over below, which waits for the next S
+      if constexpr (value_rows > 0) {
+        // Tile t + 2 goes into the stage just released, while the score warpgroup computes S.
+        if (t + mla::stages < w.n_tiles) { share.fill(w, t + mla::stages, lane); }
+      }
       if (t + 1 < w.n_tiles) { mla::consumer_sync(mla::barrier_p_free); }
     }
     mla::consumer_sync(mla::barrier_epilogue);
@@ -679,39 +780,71 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
     l_row[1] = sum_smem[r0 + 8];
   }
 
-  // Epilogue: warpgroup `role` writes output columns [256 role, 256 role + 256).
+  // Epilogue: O / l goes through shared memory (the stages are free once both consumers are
+  // past their last tile), so that the global stores are whole rows: 16 bytes per lane where
+  // the output allows it. Warpgroup `role` holds output columns [256 role, 256 role + 256).
+  bool const partial = a.num_splits > 1;  // fp32 partial results for the combine kernel
+  int const pitch    = partial ? mla::o_pitch_partial : mla::o_pitch;
+  std::int64_t const part =
+    ((std::int64_t(b) * p.num_queries + q) * a.units_per_query + head_tile) * a.num_splits + split;
+  unsigned char* const o_smem = smem + layout::kv;
   int const col = role * 256 + 2 * (lane & 3);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     int const r       = r0 + 8 * i;
     float const l_tot = l_row[i];
     float const inv   = l_tot > 0.f ? 1.f / l_tot : 0.f;
-    float const lse   = l_tot > 0.f ? (m_row[i] + log2f(l_tot)) * ln_2 : -INFINITY;
-    bool const write_lse = role == 0 && (lane & 3) == 0;
-    if (a.num_splits == 1) {
-      int const h = head_tile * mla::tile_m + r;
-      if (h < p.num_heads) {
-        bf16* out = p.out + std::int64_t(b) * p.out_stride_batch + std::int64_t(q) * p.out_stride_query +
-                    std::int64_t(h) * p.out_stride_head + col;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          *reinterpret_cast<std::uint32_t*>(out + 8 * j) =
-            pack_bf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        }
-        if (write_lse && p.lse != nullptr) {
-          p.lse[std::int64_t(b) * p.lse_stride_batch + std::int64_t(q) * p.lse_stride_query + h] = lse;
-        }
-      }
-    } else {
-      std::int64_t const part =
-        ((std::int64_t(b) * p.num_queries + q) * a.units_per_query + head_tile) * a.num_splits + split;
-      float* out = a.partial_out + (part * mla::tile_m + r) * mla::value_dim + col;
+    unsigned char* const dst = o_smem + r * pitch;
+    if (partial) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<float2*>(out + 8 * j) =
-          make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        *reinterpret_cast<float2*>(dst + 4 * (col + 8 * j)) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
       }
-      if (write_lse) { a.partial_lse[part * mla::tile_m + r] = lse; }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<std::uint32_t*>(dst + 2 * (col + 8 * j)) =
+          pack_bf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      }
+    }
+    if (role == 0 && (lane & 3) == 0) {
+      float const lse = l_tot > 0.f ? (m_row[i] + log2f(l_tot)) * ln_2 : -INFINITY;
+      int const h     = head_tile * mla::tile_m + r;
+      if (partial) {
+        a.partial_lse[part * mla::tile_m + r] = lse;
+      } else if (h < p.num_heads && p.lse != nullptr) {
+        p.lse[std::int64_t(b) * p.lse_stride_batch + std::int64_t(q) * p.lse_stride_query + h] = lse;
+      }
+    }
+  }
+  mla::consumer_sync(mla::barrier_output);
+  if (partial) {
+    float* const out = a.partial_out + part * mla::tile_m * mla::value_dim;
+    for (int c = tid; c < mla::tile_m * (mla::value_dim / 4); c += mla::consumers) {
+      int const r = c / (mla::value_dim / 4);
+      int const k = c - r * (mla::value_dim / 4);
+      *reinterpret_cast<uint4*>(out + r * mla::value_dim + 4 * k) =
+        *reinterpret_cast<uint4 const*>(o_smem + r * pitch + 16 * k);
+    }
+  } else {
+    int const rows = min(mla::tile_m, p.num_heads - head_tile * mla::tile_m);
+    bf16* const out = p.out + std::int64_t(b) * p.out_stride_batch + std::int64_t(q) * p.out_stride_query +
+                      std::int64_t(head_tile) * mla::tile_m * p.out_stride_head;
+    bool const vec16 = (reinterpret_cast<std::uintptr_t>(out) | std::uintptr_t(p.out_stride_head) * 2) % 16 == 0;
+    if (vec16) {
+      for (int c = tid; c < rows * (mla::value_dim / 8); c += mla::consumers) {
+        int const r = c / (mla::value_dim / 8);
+        int const k = c - r * (mla::value_dim / 8);
+        *reinterpret_cast<uint4*>(out + r * p.out_stride_head + 8 * k) =
+          *reinterpret_cast<uint4 const*>(o_smem + r * pitch + 16 * k);
+      }
+    } else {
+      for (int c = tid; c < rows * (mla::value_dim / 2); c += mla::consumers) {
+        int const r = c / (mla::value_dim / 2);
+        int const k = c - r * (mla::value_dim / 2);
+        *reinterpret_cast<std::uint32_t*>(out + r * p.out_stride_head + 2 * k) =
+          *reinterpret_cast<std::uint32_t const*>(o_smem + r * pitch + 4 * k);
+      }
     }
   }
   if constexpr (Crossover) { cluster_sync(); }

@@ -157,21 +157,23 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void named_barrier_sync(int id, int count
 #endif
 }
 
-/// 8 bytes from global memory through the non-coherent path, zeros when `valid` is
-/// false (the address is then not read). `asm volatile` keeps the load where it is written:
-/// the caller issues many of them before the first use to keep them in flight together.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE uint2 load_global_8(void const* src, bool valid)
+/// 8 bytes at `src` and 8 bytes at `src + 256` from global memory through the non-coherent
+/// path, zeros when `slot` < 0 (the addresses are then not read). `asm volatile` keeps the
+/// loads where they are written: the caller issues many of them before the first use to keep
+/// them in flight together.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void load_global_8x2(uint2& lo, uint2& hi, void const* src, int slot)
 {
-  uint2 v = make_uint2(0, 0);
+  lo = make_uint2(0, 0);
+  hi = make_uint2(0, 0);
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
-               : "+r"(v.x), "+r"(v.y)
-               : "l"(src), "r"(int(valid)));
+  asm volatile("{\n.reg .pred p;\nsetp.ge.s32 p, %5, 0;\n"
+               "@p ld.global.nc.v2.u32 {%0, %1}, [%4];\n@p ld.global.nc.v2.u32 {%2, %3}, [%4+256];\n}\n"
+               : "+r"(lo.x), "+r"(lo.y), "+r"(hi.x), "+r"(hi.y)
+               : "l"(src), "r"(slot));
 #else
   (void)src;
-  (void)valid;
+  (void)slot;
 #endif
-  return v;
 }
 
 /// Four 8x8 b16 matrices from shared memory (each transposed when `Trans`); lane l supplies
