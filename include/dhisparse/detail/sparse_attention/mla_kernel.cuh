@@ -46,6 +46,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace dhisparse::sparse_attention::detail::mla {
 
@@ -546,6 +547,23 @@ struct value_share {
   }
 };
 
+/// Copies `rows` rows of `RowBytes` from the output tile staged in shared memory (`pitch`
+/// bytes apart) to global memory (`dst_pitch` bytes apart) in `Chunk`-byte pieces, consecutive
+/// pieces to consecutive consumer threads (`tid` < `consumers`): whole rows per instruction.
+template <int Chunk, int RowBytes>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void store_rows(unsigned char* dst, std::int64_t dst_pitch,
+                                                      unsigned char const* src, int pitch, int rows, int tid)
+{
+  static_assert(Chunk == 16 || Chunk == 4, "16- or 4-byte pieces");
+  using piece              = std::conditional_t<Chunk == 16, uint4, std::uint32_t>;
+  constexpr int per_row    = RowBytes / Chunk;
+  for (int c = tid; c < rows * per_row; c += consumers) {
+    int const r = c / per_row;
+    int const k = c - r * per_row;
+    *reinterpret_cast<piece*>(dst + r * dst_pitch + Chunk * k) = *reinterpret_cast<piece const*>(src + r * pitch + Chunk * k);
+  }
+}
+
 /// A consumer thread is done with tile t's stage (with `Crossover` the peer's producer
 /// writes into it too, so the warp also arrives on the peer's empty barrier once).
 template <bool Crossover>
@@ -819,32 +837,18 @@ DHISPARSE_KERNEL void __launch_bounds__(mla::threads, 1) mla_attention_kernel(ke
   }
   mla::consumer_sync(mla::barrier_output);
   if (partial) {
-    float* const out = a.partial_out + part * mla::tile_m * mla::value_dim;
-    for (int c = tid; c < mla::tile_m * (mla::value_dim / 4); c += mla::consumers) {
-      int const r = c / (mla::value_dim / 4);
-      int const k = c - r * (mla::value_dim / 4);
-      *reinterpret_cast<uint4*>(out + r * mla::value_dim + 4 * k) =
-        *reinterpret_cast<uint4 const*>(o_smem + r * pitch + 16 * k);
-    }
+    mla::store_rows<16, mla::value_dim * 4>(reinterpret_cast<unsigned char*>(a.partial_out + part * mla::tile_m * mla::value_dim),
+                                            mla::value_dim * 4, o_smem, pitch, mla::tile_m, tid);
   } else {
     int const rows = min(mla::tile_m, p.num_heads - head_tile * mla::tile_m);
-    bf16* const out = p.out + std::int64_t(b) * p.out_stride_batch + std::int64_t(q) * p.out_stride_query +
-                      std::int64_t(head_tile) * mla::tile_m * p.out_stride_head;
-    bool const vec16 = (reinterpret_cast<std::uintptr_t>(out) | std::uintptr_t(p.out_stride_head) * 2) % 16 == 0;
-    if (vec16) {
-      for (int c = tid; c < rows * (mla::value_dim / 8); c += mla::consumers) {
-        int const r = c / (mla::value_dim / 8);
-        int const k = c - r * (mla::value_dim / 8);
-        *reinterpret_cast<uint4*>(out + r * p.out_stride_head + 8 * k) =
-          *reinterpret_cast<uint4 const*>(o_smem + r * pitch + 16 * k);
-      }
+    auto* const out = reinterpret_cast<unsigned char*>(p.out + std::int64_t(b) * p.out_stride_batch +
+                                                       std::int64_t(q) * p.out_stride_query +
+                                                       std::int64_t(head_tile) * mla::tile_m * p.out_stride_head);
+    std::int64_t const out_pitch = p.out_stride_head * 2;
+    if ((reinterpret_cast<std::uintptr_t>(out) | std::uintptr_t(out_pitch)) % 16 == 0) {
+      mla::store_rows<16, mla::value_dim * 2>(out, out_pitch, o_smem, pitch, rows, tid);
     } else {
-      for (int c = tid; c < rows * (mla::value_dim / 2); c += mla::consumers) {
-        int const r = c / (mla::value_dim / 2);
-        int const k = c - r * (mla::value_dim / 2);
-        *reinterpret_cast<std::uint32_t*>(out + r * p.out_stride_head + 2 * k) =
-          *reinterpret_cast<std::uint32_t const*>(o_smem + r * pitch + 4 * k);
-      }
+      mla::store_rows<4, mla::value_dim * 2>(out, out_pitch, o_smem, pitch, rows, tid);
     }
   }
   if constexpr (Crossover) { cluster_sync(); }
