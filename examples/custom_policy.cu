@@ -1,12 +1,13 @@
 // custom_policy: an eviction policy written in one file, without touching the library.
 //
 // `lru_keep_sinks<S>` is LRU, except that the first S positions (attention sinks) are
-// evicted only when nothing else is left. The contract (policy/lru.cuh): three static
-// __host__ __device__ hooks over a 32-bit per-slot state. kv_hierarchy checks it with a
-// static_assert at compile time. The same policy runs in the GPU kernels and in the host
-// reference; this example uses the GPU when present, the host reference otherwise, and
-// compares the rows fetched from host with plain LRU on one selection trace where the
-// sinks are selected only every eighth step.
+// evicted only when nothing else is left. The contract (policy/concepts.hpp): static
+// __host__ __device__ hooks over a 64-bit per-slot state; `eviction_defaults` supplies LRU's,
+// so a policy overrides only what differs. kv_hierarchy checks it with a static_assert at
+// compile time. The same policy runs in the GPU kernels and in the host reference; this
+// example uses the GPU when present, the host reference otherwise, and compares the rows
+// fetched from host with plain LRU on one selection trace where the sinks are selected
+// only every eighth step.
 #include <dhisparse/hierarchy.cuh>
 #include <dhisparse/host/hierarchy.hpp>
 
@@ -19,21 +20,12 @@
 namespace ds = dhisparse;
 
 template <std::int32_t Sinks>
-struct lru_keep_sinks {
-  DHISPARSE_HOST_DEVICE static constexpr std::uint32_t on_insert(std::uint32_t epoch) noexcept
-  {
-    return epoch;
-  }
-  DHISPARSE_HOST_DEVICE static constexpr std::uint32_t on_hit(std::uint32_t, std::uint32_t epoch) noexcept
-  {
-    return epoch;
-  }
-  /// Smallest key goes first; sinks get the largest epoch there is, so they go last.
-  DHISPARSE_HOST_DEVICE static constexpr std::uint64_t eviction_key(std::uint32_t state,
+struct lru_keep_sinks : ds::policy::eviction_defaults {
+  /// Smallest key goes first (ties: lower position); sinks get the largest key there is.
+  DHISPARSE_HOST_DEVICE static constexpr std::uint64_t eviction_key(ds::policy_state state,
                                                                     std::int32_t position) noexcept
   {
-    std::uint32_t const age = position < Sinks ? 0xFFFFFFFFu : state;
-    return (std::uint64_t{age} << 31) | std::uint32_t(position);
+    return position < Sinks ? ~std::uint64_t{0} : state;
   }
 };
 static_assert(ds::is_eviction_policy_v<lru_keep_sinks<4>>);

@@ -5,9 +5,11 @@
  *
  * Each group's dirty list holds the slots committed since the last backup. One warp
  * copies one group row (all layers) to its host page with 16-byte stores over PCIe,
- * fences them system-wide, and only then clears the slot's dirty flag. A second launch
- * empties the lists. Slots that were released meanwhile were scrubbed from the list by
- * release.
+ * fences them system-wide, and only then clears the slot's dirty flag. Rows committed
+ * while the list was full (`status_dirty_list_overflow`) are found by a scan of the pool
+ * (dirty rows below their request's committed length) in the same backup, so a late
+ * backup costs a scan but loses nothing. A last launch empties the lists. Slots that were
+ * released meanwhile were scrubbed from the list by release.
  */
 #pragma once
 
@@ -26,6 +28,7 @@ struct backup_params {
   device_pool_ref const* pools;  ///< [num_groups] in device memory
   group_layout const* layouts;   ///< [num_groups] in device memory
   host_store_ref host;
+  std::int32_t const* lengths;   ///< [max_requests] committed lengths (the overflow scan)
   std::int32_t num_groups;
 };
 

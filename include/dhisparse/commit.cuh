@@ -7,7 +7,8 @@
  * `accepted` is null, as in plain decoding), in every group:
  * - tail rows 0 … a-1 stay resident as committed rows; they stay dirty (never evicted)
  *   and join the group's dirty list until `backup` has copied them to the host store;
- * - tail rows a … Q_b-1 are unmapped; their slots stay with the request, empty;
+ * - tail rows a … Q_b-1 are unmapped; their slots stay with the request as *spare* slots
+ *   (owned, empty), reused first by its next step;
  * - the request's committed length grows by a.
  * An out-of-range count rejects the whole tail and raises `status_invalid_accept_count`.
  * One kernel for all groups; tail slot entries are consumed (set to -1).

@@ -1,33 +1,42 @@
 /**
  * @file device_pool.cuh
- * @brief The device slab of one layer group, its slot metadata and free-slot stack.
+ * @brief The device slab of one layer group, its slot metadata, the free-slot stack and
+ *        the per-request lists that eviction and reclaim use.
  *
  * Slab layout: `[num_slots][group row]`, a group row being the rows of all layers of the
  * group for one (request, position): the same bytes, in the same order, as the host
  * store's group row, so a miss is one contiguous copy. Layer l of slot s is at
- * `slab + s * group_row_bytes + l * row_bytes`; attention kernels take
- * `layer_rows(l)` and the stride `group_row_bytes`.
+ * `slab + s * group_row_bytes + l * row_bytes`; attention kernels take `layer_rows(l)`
+ * and the stride `group_row_bytes`.
  *
  * Slot metadata (structure of arrays, one entry per slot):
  * | array          | meaning                                                        |
  * |----------------|----------------------------------------------------------------|
- * | `owner`        | request index owning the slot, -1 = in the free stack          |
+ * | `owner`        | request index owning the slot, -1 = free                       |
  * | `position`     | position whose rows the slot holds, -1 = owned but empty       |
- * | `policy_state` | 32-bit state of the eviction policy                            |
+ * | `state`        | 64-bit state of the eviction policy                            |
  * | `touched`      | epoch of the last step that selected it (= pinned this step)   |
  * | `dirty`        | 1 while the host store has no copy yet (tail rows, committed   |
  * |                | rows not backed up); dirty slots are never evicted             |
  *
- * Each request owns a list of slots (`owned`, `[max_requests][max_owned]`); eviction
- * under a budget picks victims from the request's own list. Slots not owned by anyone
- * are on the free stack (`free_stack[0, *free_count)`), popped by resolve and pushed
- * by release; the two never run concurrently (stream order).
+ * Only slots below the pool *limit* (`set_pool_limit`) are used: the free stack
+ * (`free_stack[0, *free_count)`) holds free slots below it, and slots at or above it are
+ * owned by nobody, so an engine may use that part of a caller-owned slab.
+ *
+ * Per request: `owned_count` (slots it owns), a small stack of *spare* slots (owned, empty:
+ * rejected tail rows, reused first by its next step). Budgets with a per-request cap add
+ * the request's owned list (`owned[r][0, owned_count)`, in the order the slots were
+ * taken), the CLOCK hand, and a *victim cache*: the smallest eviction keys of the
+ * request's rows found by its last scan, so that a step needing a few victims does not
+ * scan the whole list (see detail/resolve/victims.cuh).
  */
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/error.cuh>
+#include <dhisparse/group_counters.hpp>
+#include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/row_format.cuh>
 
 #include <cuda_runtime_api.h>
@@ -41,53 +50,107 @@
 namespace dhisparse {
 
 /**
+ * @brief The victim cache of per-request budgets: per request, up to `capacity` of its rows
+ *        in ascending (eviction key, position) order, entries `[head, count)` still unused.
+ *        `flags` bit 0 = valid, bit 1 = complete (the scan held every row of the request).
+ */
+struct victim_cache_ref {
+  std::int32_t* slot;      ///< [max_requests][capacity]
+  std::int32_t* position;  ///< [max_requests][capacity]
+  std::uint64_t* key;      ///< [max_requests][capacity]
+  std::int32_t* head;      ///< [max_requests]
+  std::int32_t* count;     ///< [max_requests]
+  std::uint32_t* flags;    ///< [max_requests]
+  std::int32_t capacity;   ///< 0: no cache
+};
+static_assert(std::is_trivially_copyable_v<victim_cache_ref>);
+
+/**
  * @brief Trivially copyable device view of one group's `device_pool`.
  */
 struct device_pool_ref {
   std::byte* slab;              ///< [num_slots][group_row_bytes]
   std::size_t group_row_bytes;  ///< layers × row bytes
   std::int32_t num_slots;
-  std::int32_t* owner;           ///< [num_slots] request index, -1 = free
-  std::int32_t* position;        ///< [num_slots] position, -1 = empty
-  std::uint32_t* policy_state;   ///< [num_slots]
-  std::uint32_t* touched;        ///< [num_slots] epoch of last selection
-  std::uint32_t* dirty;          ///< [num_slots] 1 = no host copy yet
-  std::int32_t* free_stack;      ///< [num_slots]
-  std::int32_t* free_count;      ///< scalar
-  std::int32_t* owned;           ///< [max_requests][max_owned]
-  std::int32_t* owned_count;     ///< [max_requests]
-  std::int32_t max_owned;
-  std::uint32_t* epoch;          ///< scalar: steps resolved so far for this group
-  std::int32_t* dirty_list;      ///< [dirty_capacity] slots committed since the last backup
-  std::int32_t* dirty_count;     ///< scalar
+  // Slot metadata, [num_slots] each.
+  std::int32_t* owner;          ///< request index, -1 = free
+  std::int32_t* position;       ///< position, -1 = empty
+  policy_state* state;          ///< eviction policy state
+  std::uint32_t* touched;       ///< epoch of the last selection
+  std::uint32_t* dirty;         ///< 1 = no host copy yet
+  std::uint32_t* sel_count;     ///< per-step selection count accumulator, 0 between kernels
+  std::uint32_t* sel_score;     ///< per-step highest score (ordered bits), 0 between kernels
+  std::uint64_t* keys;          ///< reclaim scratch
+  // Free slots.
+  std::int32_t* free_stack;     ///< [num_slots]
+  std::int32_t* free_count;     ///< scalar
+  std::int32_t* limit;          ///< scalar: slots [0, limit) are in use
+  // Per request.
+  std::int32_t* owned_count;    ///< [max_requests] slots owned (resident + spare)
+  std::int32_t* spare;          ///< [max_requests][spare_capacity] owned empty slots
+  std::int32_t* spare_count;    ///< [max_requests]
+  std::int32_t spare_capacity;
+  std::int32_t* owned;          ///< [max_requests][max_owned] (per-request budgets), else null
+  std::int32_t max_owned;       ///< 0 without owned lists
+  std::int32_t* hand;           ///< [max_requests] CLOCK hand (index into the owned list)
+  victim_cache_ref cache;
+  // Group scalars.
+  std::uint32_t* epoch;         ///< steps resolved so far for this group
+  std::int32_t* dirty_list;     ///< [dirty_capacity] slots committed since the last backup
+  std::int32_t* dirty_count;    ///< scalar
+  std::int32_t* dirty_overflow; ///< scalar: 1 when rows were committed past a full dirty list
   std::int32_t dirty_capacity;
+  group_counters* counters;     ///< scalar struct
+  std::int32_t max_requests;
 };
 static_assert(std::is_trivially_copyable_v<device_pool_ref>);
 
+/// Shapes of a `device_pool`.
+struct device_pool_shape {
+  std::int32_t num_slots        = 0;
+  std::size_t group_row_bytes   = 0;  ///< layers × row bytes (multiple of 16)
+  int max_requests              = 0;
+  std::int32_t max_owned        = 0;  ///< owned-list length per request (0: no lists)
+  std::int32_t cache_capacity   = 0;  ///< victim cache entries per request (0: none)
+  std::int32_t spare_capacity   = 1;  ///< spare slots per request (≥ max_queries)
+  std::int32_t dirty_capacity   = 1;  ///< committed rows the dirty list holds between backups
+};
+
 namespace detail {
-/// Initial metadata: every slot free and empty, the free stack full.
+/// Initial metadata: every slot free and empty, the free stack full, lists empty.
 template <int BlockSize>
-DHISPARSE_KERNEL void __launch_bounds__(BlockSize) init_pool_kernel(device_pool_ref pool, int max_requests)
+DHISPARSE_KERNEL void __launch_bounds__(BlockSize) init_pool_kernel(device_pool_ref pool)
 {
   std::int64_t const stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pool.num_slots;
-       i += stride) {
-    pool.owner[i]        = -1;
-    pool.position[i]     = -1;
-    pool.policy_state[i] = 0;
-    pool.touched[i]      = 0;
-    pool.dirty[i]        = 0;
+  std::int64_t const first  = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (std::int64_t i = first; i < pool.num_slots; i += stride) {
+    pool.owner[i]     = -1;
+    pool.position[i]  = -1;
+    pool.state[i]     = 0;
+    pool.touched[i]   = 0;
+    pool.dirty[i]     = 0;
+    pool.sel_count[i] = 0;
+    pool.sel_score[i] = 0;
     // Popped from the top: the lowest slots go first.
     pool.free_stack[i] = std::int32_t(pool.num_slots - 1 - i);
   }
-  for (std::int64_t r = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < max_requests;
-       r += stride) {
+  for (std::int64_t r = first; r < pool.max_requests; r += stride) {
     pool.owned_count[r] = 0;
+    pool.spare_count[r] = 0;
+    pool.hand[r]        = 0;
+    if (pool.cache.capacity > 0) {
+      pool.cache.head[r]  = 0;
+      pool.cache.count[r] = 0;
+      pool.cache.flags[r] = 0;
+    }
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (first == 0) {
     *pool.free_count  = pool.num_slots;
+    *pool.limit       = pool.num_slots;
     *pool.epoch       = 0;
-    *pool.dirty_count = 0;
+    *pool.dirty_count    = 0;
+    *pool.dirty_overflow = 0;
+    *pool.counters       = group_counters{};
   }
 }
 }  // namespace detail
@@ -98,27 +161,25 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) init_pool_kernel(device_pool_
 class device_pool {
  public:
   /**
-   * @param num_slots        slots in the slab
-   * @param group_row_bytes  layers × row bytes (multiple of 16)
-   * @param max_requests     request indices
-   * @param max_owned        most slots one request may own (the budget)
-   * @param dirty_capacity   committed rows the dirty list holds between backups
-   * @param caller_slab      optional caller-owned device memory for the slab (16-byte
-   *                         aligned, num_slots × group_row_bytes); nullptr = allocate
-   * @param stream           stream on which the metadata is initialised
+   * @param shape        slots, row bytes and per-request list sizes
+   * @param caller_slab  optional caller-owned device memory for the slab (16-byte aligned,
+   *                     num_slots × group_row_bytes); nullptr = allocate
+   * @param stream       stream on which the metadata is initialised
    */
-  device_pool(std::int32_t num_slots, std::size_t group_row_bytes, int max_requests,
-              std::int32_t max_owned, std::int32_t dirty_capacity, void* caller_slab,
-              cudaStream_t stream)
-    : group_row_bytes_{group_row_bytes}, max_owned_{max_owned}, dirty_capacity_{dirty_capacity}
+  device_pool(device_pool_shape const& shape, void* caller_slab, cudaStream_t stream) : shape_{shape}
   {
-    DHISPARSE_EXPECTS(num_slots > 0, "device_pool: num_slots must be positive");
-    DHISPARSE_EXPECTS(group_row_bytes > 0 && group_row_bytes % row_alignment == 0,
-                      "device_pool: group_row_bytes (" + std::to_string(group_row_bytes) +
+    DHISPARSE_EXPECTS(shape.num_slots > 0, "device_pool: num_slots must be positive");
+    DHISPARSE_EXPECTS(shape.group_row_bytes > 0 && shape.group_row_bytes % row_alignment == 0,
+                      "device_pool: group_row_bytes (" + std::to_string(shape.group_row_bytes) +
                         ") must be a positive multiple of 16");
-    DHISPARSE_EXPECTS(max_owned > 0, "device_pool: max_owned must be positive");
-    DHISPARSE_EXPECTS(dirty_capacity > 0, "device_pool: dirty_capacity must be positive");
-    std::size_t const slab_bytes = std::size_t(num_slots) * group_row_bytes;
+    DHISPARSE_EXPECTS(shape.max_requests > 0, "device_pool: max_requests must be positive");
+    DHISPARSE_EXPECTS(shape.max_owned >= 0 && shape.cache_capacity >= 0,
+                      "device_pool: max_owned and cache_capacity must not be negative");
+    DHISPARSE_EXPECTS(shape.spare_capacity > 0, "device_pool: spare_capacity must be positive");
+    DHISPARSE_EXPECTS(shape.dirty_capacity > 0, "device_pool: dirty_capacity must be positive");
+    std::size_t const slots      = std::size_t(shape.num_slots);
+    std::size_t const requests   = std::size_t(shape.max_requests);
+    std::size_t const slab_bytes = slots * shape.group_row_bytes;
     if (caller_slab != nullptr) {
       DHISPARSE_EXPECTS(reinterpret_cast<std::uintptr_t>(caller_slab) % row_alignment == 0,
                         "device_pool: caller slab memory must be 16-byte aligned");
@@ -126,64 +187,101 @@ class device_pool {
     } else {
       slab_ = detail::device_array<std::byte>(slab_bytes);
     }
-    owner_        = detail::device_array<std::int32_t>(num_slots);
-    position_     = detail::device_array<std::int32_t>(num_slots);
-    policy_state_ = detail::device_array<std::uint32_t>(num_slots);
-    touched_      = detail::device_array<std::uint32_t>(num_slots);
-    dirty_        = detail::device_array<std::uint32_t>(num_slots);
-    free_stack_   = detail::device_array<std::int32_t>(num_slots);
-    owned_        = detail::device_array<std::int32_t>(std::size_t(max_requests) * max_owned);
-    owned_count_  = detail::device_array<std::int32_t>(max_requests);
-    dirty_list_   = detail::device_array<std::int32_t>(dirty_capacity);
-    scalars_      = detail::device_array<std::int32_t>(3);  // free_count, epoch, dirty_count
+    slot_i32_   = detail::device_array<std::int32_t>(3 * slots);   // owner, position, free stack
+    slot_u32_   = detail::device_array<std::uint32_t>(4 * slots);  // touched, dirty, count, score
+    state_      = detail::device_array<policy_state>(slots);
+    keys_       = detail::device_array<std::uint64_t>(slots);
+    request_i32_ = detail::device_array<std::int32_t>(requests * (3 + std::size_t(shape.spare_capacity)));
+    owned_      = detail::device_array<std::int32_t>(requests * std::size_t(shape.max_owned));
+    std::size_t const cache = requests * std::size_t(shape.cache_capacity);
+    cache_i32_  = detail::device_array<std::int32_t>(cache > 0 ? 2 * cache + 2 * requests : 0);
+    cache_key_  = detail::device_array<std::uint64_t>(cache);
+    cache_flags_ = detail::device_array<std::uint32_t>(cache > 0 ? requests : 0);
+    dirty_list_ = detail::device_array<std::int32_t>(std::size_t(shape.dirty_capacity));
+    scalars_    = detail::device_array<std::int32_t>(5);  // free_count, limit, epoch, dirty count, overflow
+    counters_   = detail::device_array<group_counters>(1);
     constexpr int block = 256;
-    int const blocks    = int(std::min<std::int64_t>(1024, (std::int64_t(num_slots) + block - 1) / block));
-    detail::init_pool_kernel<block><<<blocks, block, 0, stream>>>(ref(), max_requests);
+    std::int64_t const work = std::max<std::int64_t>(shape.num_slots, shape.max_requests);
+    int const blocks        = int(std::min<std::int64_t>(1024, (work + block - 1) / block));
+    detail::init_pool_kernel<block><<<blocks, block, 0, stream>>>(ref());
     DHISPARSE_CUDA_TRY(cudaGetLastError());
   }
 
-  [[nodiscard]] std::int32_t num_slots() const noexcept { return std::int32_t(owner_.size()); }
-  [[nodiscard]] std::size_t group_row_bytes() const noexcept { return group_row_bytes_; }
+  [[nodiscard]] std::int32_t num_slots() const noexcept { return shape_.num_slots; }
+  [[nodiscard]] std::size_t group_row_bytes() const noexcept { return shape_.group_row_bytes; }
   [[nodiscard]] std::byte* slab() const noexcept { return slab_.data(); }
+  [[nodiscard]] device_pool_shape const& shape() const noexcept { return shape_; }
 
   /// Device view for kernels.
   [[nodiscard]] device_pool_ref ref() const noexcept
   {
-    return {slab_.data(),
-            group_row_bytes_,
-            num_slots(),
-            owner_.data(),
-            position_.data(),
-            policy_state_.data(),
-            touched_.data(),
-            dirty_.data(),
-            free_stack_.data(),
-            scalars_.data() + 0,
-            owned_.data(),
-            owned_count_.data(),
-            max_owned_,
-            reinterpret_cast<std::uint32_t*>(scalars_.data() + 1),
-            dirty_list_.data(),
-            scalars_.data() + 2,
-            dirty_capacity_};
+    std::size_t const slots    = std::size_t(shape_.num_slots);
+    std::size_t const requests = std::size_t(shape_.max_requests);
+    std::size_t const cache    = requests * std::size_t(shape_.cache_capacity);
+    device_pool_ref p{};
+    p.slab            = slab_.data();
+    p.group_row_bytes = shape_.group_row_bytes;
+    p.num_slots       = shape_.num_slots;
+    p.owner           = slot_i32_.data();
+    p.position        = slot_i32_.data() + slots;
+    p.free_stack      = slot_i32_.data() + 2 * slots;
+    p.touched         = slot_u32_.data();
+    p.dirty           = slot_u32_.data() + slots;
+    p.sel_count       = slot_u32_.data() + 2 * slots;
+    p.sel_score       = slot_u32_.data() + 3 * slots;
+    p.state           = state_.data();
+    p.keys            = keys_.data();
+    p.free_count      = scalars_.data() + 0;
+    p.limit           = scalars_.data() + 1;
+    p.epoch           = reinterpret_cast<std::uint32_t*>(scalars_.data() + 2);
+    p.dirty_count     = scalars_.data() + 3;
+    p.dirty_overflow  = scalars_.data() + 4;
+    p.owned_count     = request_i32_.data();
+    p.spare_count     = request_i32_.data() + requests;
+    p.hand            = request_i32_.data() + 2 * requests;
+    p.spare           = request_i32_.data() + 3 * requests;
+    p.spare_capacity  = shape_.spare_capacity;
+    p.owned           = shape_.max_owned > 0 ? owned_.data() : nullptr;
+    p.max_owned       = shape_.max_owned;
+    if (cache > 0) {
+      p.cache.slot     = cache_i32_.data();
+      p.cache.position = cache_i32_.data() + cache;
+      p.cache.head     = cache_i32_.data() + 2 * cache;
+      p.cache.count    = cache_i32_.data() + 2 * cache + requests;
+      p.cache.key      = cache_key_.data();
+      p.cache.flags    = cache_flags_.data();
+      p.cache.capacity = shape_.cache_capacity;
+    }
+    p.dirty_list     = dirty_list_.data();
+    p.dirty_capacity = shape_.dirty_capacity;
+    p.counters       = counters_.data();
+    p.max_requests   = shape_.max_requests;
+    return p;
   }
 
   /// Bytes of device memory held for metadata (everything but the slab).
   [[nodiscard]] std::size_t metadata_bytes() const noexcept
   {
-    return owner_.bytes() + position_.bytes() + policy_state_.bytes() + touched_.bytes() +
-           dirty_.bytes() + free_stack_.bytes() + owned_.bytes() + owned_count_.bytes() +
-           dirty_list_.bytes() + scalars_.bytes();
+    return slot_i32_.bytes() + slot_u32_.bytes() + state_.bytes() + keys_.bytes() + request_i32_.bytes() +
+           owned_.bytes() + cache_i32_.bytes() + cache_key_.bytes() + cache_flags_.bytes() +
+           dirty_list_.bytes() + scalars_.bytes() + counters_.bytes();
   }
 
  private:
-  std::size_t group_row_bytes_;
-  std::int32_t max_owned_;
-  std::int32_t dirty_capacity_;
+  device_pool_shape shape_;
   detail::device_array<std::byte> slab_;
-  detail::device_array<std::int32_t> owner_, position_;
-  detail::device_array<std::uint32_t> policy_state_, touched_, dirty_;
-  detail::device_array<std::int32_t> free_stack_, owned_, owned_count_, dirty_list_, scalars_;
+  detail::device_array<std::int32_t> slot_i32_;
+  detail::device_array<std::uint32_t> slot_u32_;
+  detail::device_array<policy_state> state_;
+  detail::device_array<std::uint64_t> keys_;
+  detail::device_array<std::int32_t> request_i32_;
+  detail::device_array<std::int32_t> owned_;
+  detail::device_array<std::int32_t> cache_i32_;
+  detail::device_array<std::uint64_t> cache_key_;
+  detail::device_array<std::uint32_t> cache_flags_;
+  detail::device_array<std::int32_t> dirty_list_;
+  detail::device_array<std::int32_t> scalars_;
+  detail::device_array<group_counters> counters_;
 };
 
 }  // namespace dhisparse

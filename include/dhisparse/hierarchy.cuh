@@ -5,9 +5,11 @@
  *
  * ```
  * admit / reserve / release          host side, between steps (never inside a graph)
+ * set_pool_limit / prewarm / reclaim host side, between steps: memory back to the engine,
+ *                                    spare slots filled, a free reserve
  * set_batch                          host side: which requests, how many queries each
  * for each layer group g:
- *   resolve(g, selections, K)        union, hits, pins, evictions, tail slots, miss plan
+ *   resolve(g, selections, K)        union, hits, pins, evictions or reclaim, tail slots, plan
  *   retrieve(g)                      missed rows host → slab, all layers of g
  *   for each layer l of g:
  *     model writes tail rows         into tail_slots(g), layer l of each slot
@@ -19,6 +21,12 @@
  * fixed shapes (the real batch size lives in device memory), so a whole step can be
  * captured in a CUDA graph once and replayed with new selections and batches.
  *
+ * Load-adaptive residency: the budget policy gives every request a *floor* (slots it is
+ * guaranteed in each group) and a *cap*. Admission refuses a request whose floor does not
+ * fit beside the admitted ones, so a step never lacks a slot a floor promised. With
+ * `adaptive_budget`, rows stay resident while the pool has free slots; when a step needs
+ * more, a device-side reclaim releases clean optional rows at once (0 bytes move).
+ *
  * Ordering contract: operations touch shared device state, so the caller orders them
  * (one stream, or events between streams): a resolve of a group is followed by retrieve
  * before attention reads its slots, by exactly one commit before the group's next
@@ -27,24 +35,26 @@
  * group g attends.
  *
  * @tparam RowFormat row layout (see row_format.cuh)
- * @tparam Eviction  eviction policy (see policy/lru.cuh)
- * @tparam Budget    budget policy (see policy/static_budget.cuh)
+ * @tparam Eviction  eviction policy (see policy/concepts.hpp)
+ * @tparam Budget    budget policy (see policy/concepts.hpp)
  */
 #pragma once
 
 #include <dhisparse/backup.cuh>
 #include <dhisparse/commit.cuh>
+#include <dhisparse/detail/budget_ledger.hpp>
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/hierarchy/kernels.cuh>
-#include <dhisparse/detail/policy_traits.hpp>
 #include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/host_store.cuh>
+#include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/policy/lru.cuh>
 #include <dhisparse/policy/static_budget.cuh>
+#include <dhisparse/reclaim.cuh>
 #include <dhisparse/residency_map.cuh>
 #include <dhisparse/resolve.cuh>
 #include <dhisparse/retrieve.cuh>
@@ -64,44 +74,66 @@
 
 namespace dhisparse {
 
-template <class RowFormat, class Eviction = policy::lru,
-          class Budget = policy::static_budget<4096>>
+template <class RowFormat, class Eviction = policy::lru, class Budget = policy::static_budget<4096>>
 class kv_hierarchy {
   static_assert(is_row_format_v<RowFormat>,
                 "RowFormat must have `bytes` (a multiple of 16) and `name` (see row_format.cuh)");
-  static_assert(is_eviction_policy_v<Eviction>,
-                "Eviction must provide on_insert, on_hit and eviction_key (see policy/lru.cuh)");
-  static_assert(is_budget_policy_v<Budget>,
-                "Budget must provide slots_per_request (see policy/static_budget.cuh)");
+  static_assert(is_complete_eviction_policy_v<Eviction>,
+                "Eviction must provide the hooks of policy/concepts.hpp (derive from policy::eviction_defaults)");
+  static_assert(is_budget_policy_v<Budget>, "Budget must provide kind, reclaim, floor and cap (see policy/concepts.hpp)");
+
+  static constexpr bool per_request = Budget::kind == budget_kind::per_request;
+  static constexpr bool reclaims    = Budget::kind == budget_kind::shared && Budget::reclaim != reclaim_order::none;
 
  public:
   using row_format      = RowFormat;
   using eviction_policy = Eviction;
   using budget_policy   = Budget;
 
+  /// Plan entries one prewarm launch copies (longer ranges take several).
+  static constexpr std::int32_t prewarm_chunk = 1 << 16;
+
   /**
    * @brief Allocates every device and host structure; initialisation is ordered on
    *        `stream` (and completed before returning).
-   * @throws dhisparse::error naming the invalid field of `config`, or a failed allocation
+   * @throws dhisparse::error naming the invalid field of `config`, a budget that does not
+   *         fit it, or a failed allocation
    */
   kv_hierarchy(hierarchy_config config, cudaStream_t stream)
     : config_{std::move(config)},
-      host_{(detail::validate(config_, Budget::slots_per_request), config_.host),
-            config_.group_layers, RowFormat::bytes, config_.max_requests, config_.max_context,
-            stream},
-      map_{config_.num_groups(), config_.map_page_positions, map_pages(config_),
-           config_.max_requests, config_.max_context, stream}
+      ledger_{(detail::validate(config_), config_)},
+      host_{config_.host, config_.group_layers, RowFormat::bytes, config_.max_requests, config_.max_context, stream},
+      map_{config_.num_groups(), config_.map_page_positions, map_pages(config_), config_.max_requests,
+           config_.max_context, stream}
   {
     int const groups = config_.num_groups();
-    std::int32_t const dirty_capacity =
-      config_.max_batch * config_.max_queries * config_.backup_interval_steps;
+    device_pool_shape shape{};
+    shape.num_slots      = std::int32_t(config_.device_slots_per_group);
+    shape.max_requests   = config_.max_requests;
+    shape.spare_capacity = config_.max_queries;
+    shape.dirty_capacity = config_.max_batch * config_.max_queries * config_.backup_interval_steps;
+    if constexpr (per_request) {
+      shape.max_owned = ledger_.cap_at(config_.max_context);
+      if constexpr (Eviction::search == victim_search::smallest_key) {
+        shape.cache_capacity = std::clamp(shape.max_owned / 4, 1, detail::resolve::max_cache_entries);
+      }
+    }
     std::vector<device_pool_ref> refs;
     for (int g = 0; g < groups; ++g) {
-      pools_.emplace_back(std::int32_t(config_.device_slots_per_group),
-                          std::size_t(config_.group_layers[g]) * RowFormat::bytes,
-                          config_.max_requests, Budget::slots_per_request, dirty_capacity,
-                          config_.slab_memory.empty() ? nullptr : config_.slab_memory[g], stream);
+      shape.group_row_bytes = std::size_t(config_.group_layers[g]) * RowFormat::bytes;
+      pools_.emplace_back(shape, config_.slab_memory.empty() ? nullptr : config_.slab_memory[g], stream);
       refs.push_back(pools_.back().ref());
+      if constexpr (reclaims) {
+        std::int32_t const segments = Budget::reclaim == reclaim_order::fair_share ? config_.max_requests : 1;
+        reclaim_memory_.emplace_back(reclaim_scratch_size(shape.num_slots, segments));
+        reclaim_memory_.back().fill_bytes(0, stream);
+        reclaim_scratch_.push_back(make_reclaim_scratch(reclaim_memory_.back().data(), shape.num_slots, segments));
+      }
+    }
+    if constexpr (reclaims) {
+      namespace rc    = detail::reclaim;
+      reclaim_blocks_ = rc::cooperative_blocks(rc::resolve_reclaim_kernel<Eviction, rc::block_size>, rc::block_size);
+      DHISPARSE_EXPECTS(reclaim_blocks_ > 0, "kv_hierarchy: the reclaim kernel cannot be launched cooperatively");
     }
     pool_refs_ = detail::device_array<device_pool_ref>(groups);
     layouts_   = detail::device_array<group_layout>(groups);
@@ -110,25 +142,25 @@ class kv_hierarchy {
 
     std::size_t const entries = config_.step_entries();
     batch_      = detail::device_array<std::int32_t>(1 + 2 * std::size_t(config_.max_batch));
-    lengths_    = detail::device_array<std::int32_t>(config_.max_requests);
-    capacities_ = detail::device_array<std::int32_t>(config_.max_requests);
-    tail_slots_ = detail::device_array<std::int32_t>(std::size_t(groups) * config_.max_batch *
-                                                     config_.max_queries);
+    requests_i32_ = detail::device_array<std::int32_t>(4 * std::size_t(config_.max_requests));
+    tail_slots_ = detail::device_array<std::int32_t>(std::size_t(groups) * config_.max_batch * config_.max_queries);
     status_     = detail::device_array<std::uint32_t>(1);
+    prewarm_plan_  = detail::device_array<miss_entry>(prewarm_chunk);
+    prewarm_count_ = detail::device_array<std::int32_t>(1);
     batch_.fill_bytes(0, stream);
-    lengths_.fill_bytes(0, stream);
-    capacities_.fill_bytes(0, stream);
+    requests_i32_.fill_bytes(0, stream);
     tail_slots_.fill_bytes(0xFF, stream);
     status_.fill_bytes(0, stream);
-    workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries,
-                                              config_.max_top_k, Budget::slots_per_request);
+    workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries, config_.max_top_k,
+                                              config_.max_context);
     for (int i = 0; i < 2; ++i) {
       slot_tables_[i] = detail::device_array<std::int32_t>(entries);
       slot_tables_[i].fill_bytes(0xFF, stream);
       plans_[i]       = detail::device_array<miss_entry>(entries);
       plan_counts_[i] = detail::device_array<std::int32_t>(1);
       plan_counts_[i].fill_bytes(0, stream);
-      workspaces_[i]  = detail::device_array<std::byte>(workspace_bytes_);
+      workspaces_[i] = detail::device_array<std::byte>(workspace_bytes_);
+      workspaces_[i].fill_bytes(0, stream);
     }
     std::uint32_t* pinned = nullptr;
     DHISPARSE_CUDA_TRY(cudaHostAlloc(&pinned, sizeof(std::uint32_t), cudaHostAllocDefault));
@@ -149,31 +181,36 @@ class kv_hierarchy {
   /**
    * @brief Admits a request whose first `length` positions are committed. Their rows must
    *        be written into the host store (`host_row`) before the first step that selects
-   *        them: direct-to-host admission. Nothing is resident on the device yet.
+   *        them: direct-to-host admission. Nothing is resident on the device yet (see
+   *        `prewarm`).
    * @param capacity positions to back with storage (≥ length; default length + max_queries)
-   * @throws dhisparse::error for a known id, lengths out of range, or when the host store
-   *         has too few free pages (nothing is changed then)
+   * @throws dhisparse::error for a known id, lengths out of range, when the host store has
+   *         too few free pages, or when the request's budget floor (which covers what it
+   *         will write before the next backup) would not fit beside the admitted floors in
+   *         every group's pool limit — nothing is changed then
    */
   void admit(request_id id, std::int32_t length, cudaStream_t stream, std::int64_t capacity = -1)
   {
     int const index = requests_.check_admit(id, length, capacity);
     check_storage(index, capacity);
+    ledger_.check(index, backed_capacity(index, capacity), "admit");
     requests_.insert(id);
     grow(index, capacity, stream);
-    uploader_.upload_value(lengths_.data() + index, length, stream);
+    uploader_.upload_value(lengths() + index, length, stream);
   }
 
   /**
    * @brief Backs positions [0, capacity) of a request with host pages and map pages, so
    *        that later steps can append tail rows up to there. All or nothing.
-   * @throws dhisparse::error for an unknown id, capacity beyond max_context, or an
-   *         exhausted host store
+   * @throws dhisparse::error for an unknown id, capacity beyond max_context, an exhausted
+   *         host store, or a floor that would no longer fit
    */
   void reserve(request_id id, std::int64_t capacity, cudaStream_t stream)
   {
     int const index = requests_.index_of(id, "reserve");
     requests_.check_reserve(capacity);
     check_storage(index, capacity);
+    ledger_.check(index, std::max(backed_capacity(index, capacity), host_.capacity(index)), "reserve");
     grow(index, capacity, stream);
   }
 
@@ -187,17 +224,26 @@ class kv_hierarchy {
   {
     int const index = requests_.index_of(id, "release");
     namespace hd    = detail::hierarchy;
-    hd::release_slots_kernel<hd::block_size>
-      <<<config_.num_groups(), hd::block_size, 0, stream>>>(pool_refs_.data(), index);
+    int const groups = config_.num_groups();
+    hd::scrub_dirty_kernel<hd::block_size><<<groups, hd::block_size, 0, stream>>>(pool_refs_.data(), index);
+    if constexpr (per_request) {
+      hd::release_owned_kernel<hd::block_size><<<groups, hd::block_size, 0, stream>>>(pool_refs_.data(), index);
+    } else {
+      unsigned const blocks = unsigned(std::min<std::int64_t>(
+        4 * detail::multiprocessor_count(), (config_.device_slots_per_group + hd::block_size - 1) / hd::block_size));
+      hd::release_scan_kernel<hd::block_size>
+        <<<dim3(blocks, unsigned(groups)), hd::block_size, 0, stream>>>(pool_refs_.data(), index);
+    }
     DHISPARSE_CUDA_TRY(detail::check_launch(stream));
     residency_map_ref const map = map_.ref();
-    hd::clear_map_kernel<hd::block_size>
-      <<<map.max_pages_per_request, hd::block_size, 0, stream>>>(map, index);
+    hd::clear_map_kernel<hd::block_size><<<map.max_pages_per_request, hd::block_size, 0, stream>>>(map, index);
     DHISPARSE_CUDA_TRY(detail::check_launch(stream));
     map_.release(index, stream);
     host_.release(index, stream);
-    DHISPARSE_CUDA_TRY(cudaMemsetAsync(lengths_.data() + index, 0, sizeof(std::int32_t), stream));
-    DHISPARSE_CUDA_TRY(cudaMemsetAsync(capacities_.data() + index, 0, sizeof(std::int32_t), stream));
+    for (std::int32_t* field : {lengths(), capacities(), floors(), caps()}) {
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(field + index, 0, sizeof(std::int32_t), stream));
+    }
+    ledger_.clear(index);
     requests_.erase(id);
   }
 
@@ -216,6 +262,96 @@ class kv_hierarchy {
   [[nodiscard]] std::byte* host_row(request_id id, int group, int layer, std::int64_t position) const
   {
     return host_.row(requests_.index_of(id, "host_row"), group, layer, position);
+  }
+
+  /// The budget floor of request `id` (slots per group it is guaranteed).
+  [[nodiscard]] std::int64_t floor(request_id id) const { return ledger_.floor(requests_.index_of(id, "floor")); }
+
+  /// Sum of the floors of all admitted requests (slots per group).
+  [[nodiscard]] std::int64_t floor_sum() const noexcept { return ledger_.floor_sum(); }
+
+  // ------------------------------------------------------------------------------------
+  // Pool memory: host side, between steps.
+  // ------------------------------------------------------------------------------------
+
+  /**
+   * @brief Restricts group `group` to slots [0, limit) of its slab, so that an engine can
+   *        use the rest of a caller-owned slab, or lifts the restriction. Lowering backs up
+   *        every dirty row (all groups), releases optional rows in the budget's reclaim
+   *        order until the rows fit (0 bytes over PCIe), and moves the rows still above the
+   *        limit down on the device; raising hands the slots back to the free pool.
+   *        Ordered on `stream`; the part above the limit is free for the engine once the
+   *        stream reaches this point.
+   * @throws dhisparse::error, changing nothing, for a limit outside [floor_sum(),
+   *         device_slots_per_group]
+   */
+  void set_pool_limit(int group, std::int64_t limit, cudaStream_t stream)
+  {
+    ledger_.check_limit(group, limit);
+    namespace hd                 = detail::hierarchy;
+    std::int32_t const old_limit = std::int32_t(ledger_.limit(group));
+    std::int32_t const lim       = std::int32_t(limit);
+    device_pool_ref const pool   = pools_[group].ref();
+    if (lim < old_limit) {
+      backup(stream);
+      if constexpr (reclaims) { reclaim_to(group, old_limit - lim, 0, stream); }
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(pool.free_count, 0, sizeof(std::int32_t), stream));
+      unsigned const blocks = launch_blocks(lim);
+      hd::rebuild_free_kernel<hd::block_size><<<blocks, hd::block_size, 0, stream>>>(pool, lim);
+      auto* moved = reinterpret_cast<std::int32_t*>(pool.keys);
+      hd::move_down_kernel<hd::block_size>
+        <<<launch_blocks(old_limit - lim), hd::block_size, 0, stream>>>(pool, map_.ref(), group, lim, old_limit, moved);
+      hd::renumber_lists_kernel<hd::block_size><<<config_.max_requests, hd::block_size, 0, stream>>>(pool, lim, moved);
+    } else if (lim > old_limit) {
+      hd::grow_pool_kernel<hd::block_size>
+        <<<launch_blocks(lim - old_limit), hd::block_size, 0, stream>>>(pool, old_limit, lim);
+    }
+    hd::set_limit_kernel<32><<<1, 32, 0, stream>>>(pool, old_limit, lim);
+    DHISPARSE_CUDA_TRY(detail::check_launch(stream));
+    ledger_.set_limit(group, limit);
+  }
+
+  /// Current pool limit of `group` (slots in use at most).
+  [[nodiscard]] std::int64_t pool_limit(int group) const
+  {
+    requests_.check_group(group, "pool_limit");
+    return ledger_.limit(group);
+  }
+
+  /**
+   * @brief Shared budgets: releases optional rows of `group` (in the budget's reclaim order)
+   *        until it has `free_slots` free slots, ordered on `stream`; 0 bytes move. Between
+   *        steps only (no row is pinned then).
+   */
+  void reclaim(int group, std::int32_t free_slots, cudaStream_t stream)
+  {
+    requests_.check_group(group, "reclaim");
+    if constexpr (reclaims) { reclaim_to(group, free_slots, 0, stream); }
+  }
+
+  /**
+   * @brief Brings the most recent committed rows of request `id` — up to `count` per group —
+   *        into free slots with one address-ordered gather per group, as far as free slots
+   *        allow (never evicting; shared budgets keep `reclaim_low_watermark` slots free).
+   *        Rows already resident are skipped. Ordered on `stream`, between steps.
+   */
+  void prewarm(request_id id, std::int32_t count, cudaStream_t stream)
+  {
+    int const index = requests_.index_of(id, "prewarm");
+    DHISPARSE_EXPECTS(count >= 0, "prewarm: count must not be negative");
+    for (int g = 0; g < config_.num_groups(); ++g) { prewarm_chunks(index, g, -1, count, stream); }
+  }
+
+  /**
+   * @brief Like `prewarm`, for the committed positions [first, first + count) of one group.
+   * @throws dhisparse::error for an unknown id, a bad group or a negative range
+   */
+  void prewarm_range(request_id id, int group, std::int32_t first, std::int32_t count, cudaStream_t stream)
+  {
+    int const index = requests_.index_of(id, "prewarm_range");
+    requests_.check_group(group, "prewarm_range");
+    DHISPARSE_EXPECTS(first >= 0 && count >= 0, "prewarm_range: first and count must not be negative");
+    prewarm_chunks(index, group, first, count, stream);
   }
 
   // ------------------------------------------------------------------------------------
@@ -249,19 +385,26 @@ class kv_hierarchy {
 
   /**
    * @brief Resolves the selections of one layer group (see resolve.cuh).
-   * @param selections device memory `[max_batch][max_queries][top_k]`, -1 = none
+   * @param selections device memory `[max_batch][max_queries][top_k]`, -1 = none, any order
    * @param top_k      K of this step, 1 ≤ top_k ≤ max_top_k; also the last dimension of
    *                   `slot_table(group)`
-   * @throws dhisparse::error for a bad group, top_k or null selections (nothing enqueued)
+   * @param scores     optional device `[max_batch][max_queries][top_k]` indexer scores, for
+   *                   eviction policies that use them (required when `needs_scores`)
+   * @throws dhisparse::error for a bad group, top_k, null selections, or missing scores
+   *         (nothing enqueued)
    */
-  void resolve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream)
+  void resolve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream,
+               float const* scores = nullptr)
   {
     requests_.check_resolve(group, selections, top_k);
+    DHISPARSE_EXPECTS(!Eviction::needs_scores || scores != nullptr,
+                      "resolve: the eviction policy needs per-selection scores (scores is null)");
     resolve_params p{};
     p.selections  = selections;
+    p.scores      = scores;
     p.top_k       = top_k;
     p.group       = group;
-    p.slot_budget = Budget::slots_per_request;
+    p.max_context = config_.max_context;
     p.layout      = host_.layout(group);
     p.batch       = batch_ref();
     p.pool        = pools_[group].ref();
@@ -271,7 +414,14 @@ class kv_hierarchy {
     p.tail_slots  = tail_slots_.data() + std::size_t(group) * config_.max_batch * config_.max_queries;
     p.plan        = plan_ref(group);
     p.status      = status_.data();
-    DHISPARSE_CUDA_TRY(resolve_async<Eviction>(p, workspaces_[group % 2].data(), workspace_bytes_, stream));
+    p.reclaim_low_watermark = config_.reclaim_low_watermark;
+    p.reclaim_batch         = detail::reclaim_batch(config_);
+    if constexpr (reclaims) {
+      p.reclaim        = reclaim_scratch_[group];
+      p.reclaim_blocks = reclaim_blocks_;
+    }
+    DHISPARSE_CUDA_TRY(
+      (resolve_async<Eviction, Budget>(p, workspaces_[group % 2].data(), workspace_bytes_, stream)));
   }
 
   /**
@@ -281,13 +431,7 @@ class kv_hierarchy {
   void retrieve(int group, cudaStream_t stream, int layer_begin = 0, int layer_end = -1)
   {
     requests_.check_retrieve(group, layer_begin, layer_end);
-    retrieve_params p{};
-    p.plan            = plan_ref(group);
-    p.slab            = pools_[group].slab();
-    p.group_row_bytes = pools_[group].group_row_bytes();
-    p.byte_begin      = std::size_t(layer_begin) * RowFormat::bytes;
-    p.byte_end        = std::size_t(layer_end) * RowFormat::bytes;
-    DHISPARSE_CUDA_TRY(retrieve_async(p, 0, stream));
+    DHISPARSE_CUDA_TRY(retrieve_async(retrieve_args(group, plan_ref(group), layer_begin, layer_end), 0, stream));
   }
 
   /**
@@ -315,6 +459,7 @@ class kv_hierarchy {
     p.pools      = pool_refs_.data();
     p.layouts    = layouts_.data();
     p.host       = host_.ref();
+    p.lengths    = lengths();
     p.num_groups = config_.num_groups();
     DHISPARSE_CUDA_TRY(backup_async(p, 0, stream));
   }
@@ -341,15 +486,13 @@ class kv_hierarchy {
   [[nodiscard]] layer_view layer_rows(int group, int layer) const
   {
     requests_.check_layer(group, layer, "layer_rows");
-    return {pools_[group].slab() + std::size_t(layer) * RowFormat::bytes,
-            pools_[group].group_row_bytes()};
+    return {pools_[group].slab() + std::size_t(layer) * RowFormat::bytes, pools_[group].group_row_bytes()};
   }
 
   /// Device view of the miss plan of the last resolve of `group`.
   [[nodiscard]] miss_plan_ref plan_ref(int group) const
   {
-    return {plans_[group % 2].data(), plan_counts_[group % 2].data(),
-            std::int32_t(config_.step_entries())};
+    return {plans_[group % 2].data(), plan_counts_[group % 2].data(), std::int32_t(config_.step_entries())};
   }
 
   /// Device view of one group's pool (slot metadata).
@@ -359,12 +502,12 @@ class kv_hierarchy {
     return pools_[group].ref();
   }
 
-  /// Device view of the batch (sizes, request indices, queries, lengths).
+  /// Device view of the batch (sizes, request indices, queries, lengths, budgets).
   [[nodiscard]] step_batch_ref batch_ref() const noexcept
   {
-    return {batch_.data(),    batch_.data() + 1,  batch_.data() + 1 + config_.max_batch,
-            lengths_.data(),  capacities_.data(), config_.max_batch,
-            config_.max_queries};
+    return {batch_.data(), batch_.data() + 1, batch_.data() + 1 + config_.max_batch,
+            lengths(),     capacities(),      floors(),
+            caps(),        config_.max_batch, config_.max_queries};
   }
 
   /// Internal index of an admitted request (the value kernels see in `batch.requests`).
@@ -375,7 +518,7 @@ class kv_hierarchy {
   [[nodiscard]] residency_map const& map() const noexcept { return map_; }
 
   // ------------------------------------------------------------------------------------
-  // Status.
+  // Status and counters.
   // ------------------------------------------------------------------------------------
 
   /// Device address of the status word (see status.hpp), e.g. to copy it asynchronously.
@@ -396,6 +539,23 @@ class kv_hierarchy {
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(status_.data(), 0, sizeof(std::uint32_t), stream));
   }
 
+  /// Device address of the counters of `group` (see `group_counters`).
+  [[nodiscard]] group_counters const* counters(int group) const
+  {
+    requests_.check_group(group, "counters");
+    return pools_[group].ref().counters;
+  }
+
+  /**
+   * @brief Copies the counters of `group` into `out` (host memory; pinned for a truly
+   *        asynchronous copy) on `stream`: valid once the stream reaches this point.
+   */
+  void read_counters(int group, group_counters* out, cudaStream_t stream) const
+  {
+    DHISPARSE_CUDA_TRY(
+      cudaMemcpyAsync(out, counters(group), sizeof(group_counters), cudaMemcpyDeviceToHost, stream));
+  }
+
  private:
   static std::size_t map_pages(hierarchy_config const& c)
   {
@@ -403,15 +563,40 @@ class kv_hierarchy {
     return (tokens + c.map_page_positions - 1) / c.map_page_positions + c.max_requests;
   }
 
-  /// Backs [0, capacity) with host pages (whole pages) and map pages; the usable capacity
-  /// is what the pages back, up to max_context.
+  std::int32_t* lengths() const noexcept { return requests_i32_.data(); }
+  std::int32_t* capacities() const noexcept { return requests_i32_.data() + config_.max_requests; }
+  std::int32_t* floors() const noexcept { return requests_i32_.data() + 2 * config_.max_requests; }
+  std::int32_t* caps() const noexcept { return requests_i32_.data() + 3 * config_.max_requests; }
+
+  unsigned launch_blocks(std::int64_t work) const
+  {
+    return unsigned(std::clamp<std::int64_t>((work + detail::hierarchy::block_size - 1) / detail::hierarchy::block_size,
+                                             1, 4 * detail::multiprocessor_count()));
+  }
+
+  /// Positions the host pages will back for a request asking for `capacity` (whole pages,
+  /// up to max_context).
+  std::int64_t backed_capacity(int index, std::int64_t capacity) const
+  {
+    std::int64_t const page   = config_.host.tokens_per_page;
+    std::int64_t const pages  = (capacity + page - 1) / page;
+    return std::max(host_.capacity(index), std::min<std::int64_t>(pages * page, config_.max_context));
+  }
+
+  /// Backs [0, capacity) with host pages (whole pages) and map pages, and sets the
+  /// request's capacity and budget; the usable capacity is what the pages back, up to
+  /// max_context.
   void grow(int index, std::int64_t capacity, cudaStream_t stream)
   {
     host_.grow(index, capacity, uploader_, stream);
     std::int32_t const backed =
       std::int32_t(std::min<std::int64_t>(host_.capacity(index), config_.max_context));
     map_.grow(index, backed, uploader_, stream);
-    uploader_.upload_value(capacities_.data() + index, backed, stream);
+    ledger_.set(index, backed);
+    std::int32_t const values[2] = {std::int32_t(ledger_.floor(index)), ledger_.cap(index)};
+    uploader_.upload_value(capacities() + index, backed, stream);
+    uploader_.upload_value(floors() + index, values[0], stream);
+    uploader_.upload_value(caps() + index, values[1], stream);
   }
 
   /// Throws before anything changes if the host store would run out. (The map's pool is
@@ -425,23 +610,80 @@ class kv_hierarchy {
                         std::to_string(host_.free_pages()) + " free");
   }
 
+  retrieve_params retrieve_args(int group, miss_plan_ref plan, int layer_begin, int layer_end) const
+  {
+    retrieve_params p{};
+    p.plan            = plan;
+    p.slab            = pools_[group].slab();
+    p.group_row_bytes = pools_[group].group_row_bytes();
+    p.byte_begin      = std::size_t(layer_begin) * RowFormat::bytes;
+    p.byte_end        = std::size_t(layer_end) * RowFormat::bytes;
+    return p;
+  }
+
+  void reclaim_to(int group, std::int32_t free_slots, std::uint32_t pin_epoch, cudaStream_t stream)
+  {
+    reclaim_params p{};
+    p.pool        = pools_[group].ref();
+    p.map         = map_.ref();
+    p.scratch     = reclaim_scratch_[group];
+    p.group       = group;
+    p.floors      = floors();
+    p.order       = Budget::reclaim;
+    p.pin_epoch   = pin_epoch;
+    p.target_free = free_slots;
+    p.blocks      = reclaim_blocks_;
+    DHISPARSE_CUDA_TRY(reclaim_async<Eviction>(p, stream));
+  }
+
+  /// Prewarm of positions [first, first + count) of one group (first < 0: the last `count`
+  /// committed positions), one chunk of the prewarm plan at a time, most recent first.
+  void prewarm_chunks(int index, int group, std::int32_t first, std::int32_t count, cudaStream_t stream)
+  {
+    namespace hd = detail::hierarchy;
+    hd::prewarm_params p{};
+    p.pool        = pools_[group].ref();
+    p.map         = map_.ref();
+    p.host        = host_.ref();
+    p.layout      = host_.layout(group);
+    p.group       = group;
+    p.request     = index;
+    p.first       = first;
+    p.count       = count;
+    p.lengths     = lengths();
+    p.caps        = caps();
+    p.per_request = per_request;
+    p.reserve     = reclaims ? config_.reclaim_low_watermark : 0;
+    p.plan        = {prewarm_plan_.data(), prewarm_count_.data(), prewarm_chunk};
+    for (p.chunk = 0; std::int64_t(p.chunk) * prewarm_chunk < count; ++p.chunk) {
+      hd::prewarm_kernel<Eviction, hd::block_size><<<1, hd::block_size, 0, stream>>>(p);
+      DHISPARSE_CUDA_TRY(detail::check_launch(stream));
+      DHISPARSE_CUDA_TRY(retrieve_async(retrieve_args(group, p.plan, 0, config_.group_layers[group]), 0, stream));
+    }
+  }
+
   hierarchy_config config_;
+  detail::budget_ledger<Budget> ledger_;
   detail::staging_uploader uploader_;
   host_store host_;
   residency_map map_;
   std::vector<device_pool> pools_;
+  std::vector<detail::device_array<std::byte>> reclaim_memory_;
+  std::vector<reclaim_scratch_ref> reclaim_scratch_;
+  int reclaim_blocks_ = 0;
   detail::device_array<device_pool_ref> pool_refs_;
   detail::device_array<group_layout> layouts_;
-  detail::device_array<std::int32_t> batch_;  // [1 + 2 max_batch]: size, requests, queries
-  detail::device_array<std::int32_t> lengths_;
-  detail::device_array<std::int32_t> capacities_;
+  detail::device_array<std::int32_t> batch_;         // [1 + 2 max_batch]: size, requests, queries
+  detail::device_array<std::int32_t> requests_i32_;  // [4][max_requests]: lengths, capacities, floors, caps
   detail::device_array<std::int32_t> tail_slots_;
   detail::device_array<std::uint32_t> status_;
+  detail::device_array<miss_entry> prewarm_plan_;
+  detail::device_array<std::int32_t> prewarm_count_;
   std::array<detail::device_array<std::int32_t>, 2> slot_tables_;
   std::array<detail::device_array<miss_entry>, 2> plans_;
   std::array<detail::device_array<std::int32_t>, 2> plan_counts_;
   std::array<detail::device_array<std::byte>, 2> workspaces_;
-  std::size_t workspace_bytes_   = 0;
+  std::size_t workspace_bytes_ = 0;
   struct pinned_deleter {
     void operator()(std::uint32_t* p) const noexcept { cudaFreeHost(p); }
   };

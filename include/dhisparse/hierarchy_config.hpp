@@ -8,6 +8,7 @@
 #include <dhisparse/error.hpp>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -56,13 +57,21 @@ struct hierarchy_config {
   int max_queries  = 1;  ///< Qmax: queries per request per step (1 + drafts when verifying)
   int max_top_k    = 2048;  ///< K: selected positions per query
   int max_context  = 0;     ///< positions a request may reach (sizes per-request tables)
-  /// Slots of the device pool of each group. Must cover the essential floors of all
-  /// admitted requests (for `static_budget<H>`: max_requests × H).
+  /// Slots of the device pool of each group. Admission refuses a request whose budget
+  /// floor would not fit beside the floors already admitted (policy/concepts.hpp); a
+  /// static budget of H slots takes max_requests × H to admit max_requests requests.
   std::int64_t device_slots_per_group = 0;
   /// Positions per residency-map page (a power of two).
   int map_page_positions = 1024;
-  /// Steps between two `backup` calls the dirty list must absorb.
+  /// Steps between two `backup` calls the dirty list must absorb (and the essential floors
+  /// cover: rows not yet backed up cannot be evicted).
   int backup_interval_steps = 4;
+  /// Shared budgets: a step reclaims optional rows when its new rows would leave fewer free
+  /// slots than this (0: only when they would not fit at all).
+  int reclaim_low_watermark = 0;
+  /// Shared budgets: optional rows a reclaim releases beyond what the step needs, so that one
+  /// pass over the pool serves several steps (-1: device_slots_per_group / 64).
+  std::int64_t reclaim_batch = -1;
   host_store_config host{};
   /// Optional caller-owned slab per group (device memory, 16-byte aligned, at least
   /// device_slots_per_group × layers × row bytes). Empty: the hierarchy allocates.
@@ -84,9 +93,9 @@ namespace detail {
 
 inline bool is_power_of_two(long long v) { return v > 0 && (v & (v - 1)) == 0; }
 
-/// Throws `dhisparse::error` naming the first invalid field. `budget_floor` is the number
-/// of slots per request and group the budget policy guarantees.
-inline void validate(hierarchy_config const& c, std::int64_t budget_floor)
+/// Throws `dhisparse::error` naming the first invalid field (the budget policy's own
+/// requirements are checked by the hierarchy, see policy/concepts.hpp).
+inline void validate(hierarchy_config const& c)
 {
   DHISPARSE_EXPECTS(!c.group_layers.empty(), "hierarchy_config.group_layers is empty");
   for (std::size_t g = 0; g < c.group_layers.size(); ++g) {
@@ -98,6 +107,9 @@ inline void validate(hierarchy_config const& c, std::int64_t budget_floor)
                     "hierarchy_config.max_batch must be in [1, max_requests]");
   DHISPARSE_EXPECTS(c.max_queries > 0, "hierarchy_config.max_queries must be positive");
   DHISPARSE_EXPECTS(c.max_top_k > 0, "hierarchy_config.max_top_k must be positive");
+  DHISPARSE_EXPECTS(std::int64_t(c.max_queries) * c.max_top_k <= 16384,
+                    "hierarchy_config: max_queries × max_top_k (" +
+                      std::to_string(std::int64_t(c.max_queries) * c.max_top_k) + ") must be at most 16384");
   DHISPARSE_EXPECTS(c.max_context > 0, "hierarchy_config.max_context must be positive");
   DHISPARSE_EXPECTS(is_power_of_two(c.map_page_positions),
                     "hierarchy_config.map_page_positions must be a power of two");
@@ -106,21 +118,17 @@ inline void validate(hierarchy_config const& c, std::int64_t budget_floor)
   DHISPARSE_EXPECTS(c.host.capacity_pages > 0, "hierarchy_config.host.capacity_pages must be positive");
   DHISPARSE_EXPECTS(c.backup_interval_steps > 0,
                     "hierarchy_config.backup_interval_steps must be positive");
+  DHISPARSE_EXPECTS(c.reclaim_low_watermark >= 0, "hierarchy_config.reclaim_low_watermark must not be negative");
   DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),
                     "hierarchy_config.slab_memory must be empty or hold one slab per group");
-  // Essential floor of one request in one step: its selections (one query's worth at the
-  // least) and its tail rows.
-  DHISPARSE_EXPECTS(budget_floor >= std::int64_t(c.max_top_k) + c.max_queries,
-                    "budget policy: slots per request (" + std::to_string(budget_floor) +
-                      ") must be at least max_top_k + max_queries (" +
-                      std::to_string(std::int64_t(c.max_top_k) + c.max_queries) + ")");
-  DHISPARSE_EXPECTS(c.device_slots_per_group >= budget_floor * c.max_requests,
-                    "hierarchy_config.device_slots_per_group (" +
-                      std::to_string(c.device_slots_per_group) +
-                      ") is too small for the essential floors: max_requests × budget = " +
-                      std::to_string(budget_floor * c.max_requests));
-  DHISPARSE_EXPECTS(c.device_slots_per_group < (std::int64_t{1} << 31),
-                    "hierarchy_config.device_slots_per_group must fit in int32");
+  DHISPARSE_EXPECTS(c.device_slots_per_group > 0 && c.device_slots_per_group < (std::int64_t{1} << 31),
+                    "hierarchy_config.device_slots_per_group must be in [1, 2^31)");
+}
+
+/// Optional rows one reclaim releases beyond a step's need (`reclaim_batch`, resolved).
+inline std::int32_t reclaim_batch(hierarchy_config const& c)
+{
+  return std::int32_t(c.reclaim_batch >= 0 ? c.reclaim_batch : std::max<std::int64_t>(1, c.device_slots_per_group / 64));
 }
 
 }  // namespace detail

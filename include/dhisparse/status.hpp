@@ -45,7 +45,8 @@ enum status_bit : std::uint32_t {
   /// A tail position lies beyond the capacity reserved for its request (`reserve`).
   status_capacity_exceeded = 1u << 3,
   /// More rows were committed than the dirty list holds between two backups; the extra
-  /// rows stay resident and dirty (never lost) but are not backed up.
+  /// rows stay resident and dirty (never evicted) until the next backup finds them with a
+  /// scan of the pool.
   status_dirty_list_overflow = 1u << 4,
   /// An accepted count passed to `commit` was outside [0, queries of the request]; the
   /// request's tail was rejected entirely.

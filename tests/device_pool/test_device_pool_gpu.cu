@@ -11,9 +11,24 @@
 
 using namespace dhisparse;
 
+namespace {
+device_pool_shape shape(std::int32_t slots, std::size_t row_bytes)
+{
+  device_pool_shape s;
+  s.num_slots       = slots;
+  s.group_row_bytes = row_bytes;
+  s.max_requests    = 8;
+  s.max_owned       = 128;
+  s.cache_capacity  = 32;
+  s.spare_capacity  = 4;
+  s.dirty_capacity  = 64;
+  return s;
+}
+}  // namespace
+
 TEST_CASE("device_pool: starts with every slot free, empty and clean", "[device_pool][gpu]")
 {
-  device_pool pool(1000, 2 * 656, 8, 128, 64, nullptr, nullptr);
+  device_pool pool(shape(1000, 2 * 656), nullptr, nullptr);
   DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
   auto const ref = pool.ref();
   auto download  = [](auto const* p, std::size_t n) {
@@ -28,6 +43,12 @@ TEST_CASE("device_pool: starts with every slot free, empty and clean", "[device_
   REQUIRE(std::all_of(pos.begin(), pos.end(), [](std::int32_t v) { return v == -1; }));
   REQUIRE(std::all_of(dirty.begin(), dirty.end(), [](std::uint32_t v) { return v == 0; }));
   REQUIRE(download(ref.free_count, 1)[0] == 1000);
+  REQUIRE(download(ref.limit, 1)[0] == 1000);
+  auto const counters = download(ref.counters, 1)[0];
+  REQUIRE(counters.selected_rows == 0);
+  REQUIRE(counters.reclaims == 0);
+  auto const flags = download(ref.cache.flags, 8);
+  REQUIRE(std::all_of(flags.begin(), flags.end(), [](std::uint32_t v) { return v == 0; }));
   REQUIRE(download(ref.epoch, 1)[0] == 0);
   REQUIRE(download(ref.dirty_count, 1)[0] == 0);
   auto stack = download(ref.free_stack, 1000);
@@ -47,13 +68,13 @@ TEST_CASE("device_pool: caller slab memory and argument checks", "[device_pool][
   std::byte* slab = nullptr;
   DHISPARSE_CUDA_TRY(cudaMalloc(&slab, 100 * 656 + 16));
   {
-    device_pool pool(100, 656, 2, 50, 8, slab, nullptr);
+    device_pool pool(shape(100, 656), slab, nullptr);
     REQUIRE(pool.slab() == slab);
   }
   // The caller's memory is not freed by the pool: still usable.
   DHISPARSE_CUDA_TRY(cudaMemset(slab, 0, 16));
-  REQUIRE_THROWS_WITH(device_pool(100, 656, 2, 50, 8, slab + 8, nullptr), Catch::Contains("16-byte aligned"));
-  REQUIRE_THROWS_WITH(device_pool(100, 650, 2, 50, 8, nullptr, nullptr), Catch::Contains("multiple of 16"));
-  REQUIRE_THROWS_WITH(device_pool(0, 656, 2, 50, 8, nullptr, nullptr), Catch::Contains("num_slots"));
+  REQUIRE_THROWS_WITH(device_pool(shape(100, 656), slab + 8, nullptr), Catch::Contains("16-byte aligned"));
+  REQUIRE_THROWS_WITH(device_pool(shape(100, 650), nullptr, nullptr), Catch::Contains("multiple of 16"));
+  REQUIRE_THROWS_WITH(device_pool(shape(0, 656), nullptr, nullptr), Catch::Contains("num_slots"));
   cudaFree(slab);
 }

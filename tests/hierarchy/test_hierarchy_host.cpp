@@ -18,8 +18,9 @@ using namespace dhisparse;
 namespace {
 
 using fp8      = row_format::mla_fp8_656;
-using ref_lru  = host::kv_hierarchy<fp8, policy::lru, policy::static_budget<96>>;
-constexpr int K = 32;
+constexpr int K      = 32;
+constexpr int budget = 128;  // ≥ the essential set of small_config: K × 3 queries + 3 × (4 + 2)
+using ref_lru        = host::kv_hierarchy<fp8, policy::lru, policy::static_budget<budget>>;
 
 hierarchy_config small_config()
 {
@@ -30,7 +31,7 @@ hierarchy_config small_config()
   c.max_queries            = 3;
   c.max_top_k              = K;
   c.max_context            = 4096;
-  c.device_slots_per_group = 4 * 96;
+  c.device_slots_per_group = 4 * budget;
   c.map_page_positions     = 64;
   c.host.tokens_per_page   = 16;
   c.host.capacity_pages    = 4 * 4096 / 16;
@@ -99,8 +100,10 @@ TEST_CASE("host reference: config errors name the field", "[hierarchy][host]")
     {[](hierarchy_config& c) { c.map_page_positions = 48; }, "map_page_positions"},
     {[](hierarchy_config& c) { c.host.tokens_per_page = 12; }, "tokens_per_page"},
     {[](hierarchy_config& c) { c.host.capacity_pages = 0; }, "capacity_pages"},
-    {[](hierarchy_config& c) { c.device_slots_per_group = 4 * 96 - 1; }, "essential floors"},
-    {[](hierarchy_config& c) { c.max_top_k = 95; }, "max_top_k + max_queries"},
+    {[](hierarchy_config& c) { c.device_slots_per_group = budget - 1; }, "essential floor of one request"},
+    {[](hierarchy_config& c) { c.max_top_k = 40; }, "smaller than its essential set"},
+    {[](hierarchy_config& c) { c.backup_interval_steps = 10; }, "smaller than its essential set"},
+    {[](hierarchy_config& c) { c.max_top_k = 8192; }, "at most 16384"},
   };
   for (auto const& [mutate, field] : cases) {
     auto c = small_config();
@@ -200,7 +203,7 @@ TEST_CASE("host reference: evictions follow an independent LRU model", "[hierarc
       }
     }
     int const need = int(missed.size()) + 1;
-    int const over = int(model.size()) + need - 96;
+    int const over = int(model.size()) + need - budget;
     if (over > 0) {
       std::vector<std::pair<std::uint32_t, std::int32_t>> order;
       for (auto const& [p, use] : model) {
@@ -323,13 +326,15 @@ TEST_CASE("host reference: bad inputs give clear errors and corrupt nothing", "[
   REQUIRE_THROWS_WITH(h.resolve(2, sel.data(), K), Catch::Contains("group 2"));
   REQUIRE_THROWS_WITH(h.resolve(0, nullptr, K), Catch::Contains("selections"));
 
-  // Invalid selections: each bad entry is empty in the slot table, the rest is served.
+  // Selections as an indexer emits them (any order, repeats, -1 anywhere) are served; only
+  // positions out of range are flagged and served as empty.
   std::vector<std::int32_t> query = {3, 7, 7, 5, 99, 100, 101, -5, 20, -1, 30};
   std::copy(query.begin(), query.end(), sel.begin());
   h.resolve(0, sel.data(), K);
   h.retrieve(0);
   REQUIRE((h.status() & status_invalid_selection) != 0);
-  std::vector<bool> expect_valid = {true, true, false, false, true, true, false, false, false, false, false};
+  REQUIRE(h.slot_table(0)[1] == h.slot_table(0)[2]);  // one row, one slot
+  std::vector<bool> expect_valid = {true, true, true, true, true, true, false, false, true, false, true};
   for (std::size_t k = 0; k < query.size(); ++k) {
     INFO("entry " << k << " position " << query[k]);
     REQUIRE((h.slot_table(0)[k] >= 0) == expect_valid[k]);

@@ -1,25 +1,29 @@
 /**
  * @file host/hierarchy.hpp
  * @brief Plain-C++ reference of `kv_hierarchy`: the oracle of the GPU tests and the
- *        backend of the examples on machines without a GPU.
+ *        backend of the examples and the simulator on machines without a GPU.
  *
  * Same configuration, same step API (minus streams: every call completes before it
  * returns) and the same decisions: which rows hit, which are fetched, which are evicted
- * (the eviction policy's order), what every slot holds. Slot *numbers* may differ from
- * the GPU's (the GPU's free stack is popped concurrently), so comparisons are made on
- * positions and bytes, not on slot ids.
+ * or reclaimed (the policies' orders), what every slot holds, the counters. Slot *numbers*
+ * may differ from the GPU's (the GPU's free stack is popped concurrently), so comparisons
+ * are made on positions and bytes, not on slot ids.
  *
  * It is written as directly as possible — maps, sorted lists, sequential loops — so that
- * it can be checked by reading. Its host store is one byte vector per request, laid out
- * `[position][group][layer][row bytes]`, and is sized like the real one (same page
- * accounting, so "host store exhausted" happens at the same point).
+ * it can be checked by reading: victims are found by sorting all candidates (the GPU uses
+ * a victim cache), reclaim by sorting the whole pool (the GPU uses a radix select). Its
+ * host store is one byte vector per request, laid out `[position][group][layer][row
+ * bytes]`, and is sized like the real one (same page accounting, so "host store
+ * exhausted" happens at the same point).
  */
 #pragma once
 
-#include <dhisparse/detail/policy_traits.hpp>
+#include <dhisparse/detail/budget_ledger.hpp>
 #include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/error.hpp>
+#include <dhisparse/group_counters.hpp>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/policy/lru.cuh>
 #include <dhisparse/policy/static_budget.cuh>
 #include <dhisparse/row_format.cuh>
@@ -29,22 +33,28 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
-#include <unordered_set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 namespace dhisparse::host {
 
-template <class RowFormat, class Eviction = policy::lru,
-          class Budget = policy::static_budget<4096>>
+template <class RowFormat, class Eviction = policy::lru, class Budget = policy::static_budget<4096>>
 class kv_hierarchy {
   static_assert(is_row_format_v<RowFormat>, "RowFormat: see row_format.cuh");
-  static_assert(is_eviction_policy_v<Eviction>, "Eviction: see policy/lru.cuh");
-  static_assert(is_budget_policy_v<Budget>, "Budget: see policy/static_budget.cuh");
+  static_assert(is_complete_eviction_policy_v<Eviction>, "Eviction: see policy/concepts.hpp");
+  static_assert(is_budget_policy_v<Budget>, "Budget: see policy/concepts.hpp");
+
+  static constexpr bool per_request = Budget::kind == budget_kind::per_request;
+  static constexpr bool reclaims    = Budget::kind == budget_kind::shared && Budget::reclaim != reclaim_order::none;
 
  public:
-  using row_format = RowFormat;
+  using row_format      = RowFormat;
+  using eviction_policy = Eviction;
+  using budget_policy   = Budget;
 
   /// One fetched row of the last resolve of a group.
   struct miss {
@@ -53,9 +63,9 @@ class kv_hierarchy {
     std::int32_t slot;
   };
 
-  explicit kv_hierarchy(hierarchy_config config) : config_{std::move(config)}
+  explicit kv_hierarchy(hierarchy_config config)
+    : config_{std::move(config)}, ledger_{(detail::validate(config_), config_)}
   {
-    detail::validate(config_, Budget::slots_per_request);
     int const groups = config_.num_groups();
     for (int g = 0; g < groups; ++g) {
       group_offset_.push_back(total_row_bytes_);
@@ -64,7 +74,7 @@ class kv_hierarchy {
     std::size_t const slots = std::size_t(config_.device_slots_per_group);
     groups_.resize(groups);
     for (int g = 0; g < groups; ++g) {
-      auto& gs = groups_[g];
+      auto& gs     = groups_[g];
       gs.row_bytes = std::size_t(config_.group_layers[g]) * RowFormat::bytes;
       gs.slab.assign(slots * gs.row_bytes, std::byte{0});
       gs.owner.assign(slots, -1);
@@ -73,7 +83,11 @@ class kv_hierarchy {
       gs.touched.assign(slots, 0);
       gs.dirty.assign(slots, 0);
       for (std::size_t s = slots; s-- > 0;) { gs.free_stack.push_back(std::int32_t(s)); }
+      gs.limit = std::int32_t(slots);
       gs.owned.resize(config_.max_requests);
+      gs.owned_count.assign(config_.max_requests, 0);
+      gs.spare.resize(config_.max_requests);
+      gs.hand.assign(config_.max_requests, 0);
       gs.map.resize(config_.max_requests);
       gs.tail_slots.assign(std::size_t(config_.max_batch) * config_.max_queries, -1);
       gs.slot_table.assign(config_.step_entries(), -1);
@@ -87,6 +101,8 @@ class kv_hierarchy {
   void admit(request_id id, std::int32_t length, std::int64_t capacity = -1)
   {
     int const index = table_.check_admit(id, length, capacity);
+    check_pages(index, capacity);
+    ledger_.check(index, backed(capacity), "admit");
     grow(index, capacity);
     table_.insert(id);
     requests_[index].length = length;
@@ -96,6 +112,8 @@ class kv_hierarchy {
   {
     int const index = table_.index_of(id, "reserve");
     table_.check_reserve(capacity);
+    check_pages(index, capacity);
+    ledger_.check(index, std::max(backed(capacity), requests_[index].capacity), "reserve");
     grow(index, capacity);
   }
 
@@ -106,22 +124,28 @@ class kv_hierarchy {
       gs.dirty_list.erase(std::remove_if(gs.dirty_list.begin(), gs.dirty_list.end(),
                                          [&](std::int32_t s) { return gs.owner[s] == index; }),
                           gs.dirty_list.end());
-      for (std::int32_t s : gs.owned[index]) {
-        gs.owner[s] = gs.position[s] = -1;
-        gs.state[s] = gs.touched[s] = gs.dirty[s] = 0;
+      for (std::int32_t s = 0; s < gs.limit; ++s) {
+        if (gs.owner[s] != index) { continue; }
+        clear_slot(gs, s);
         gs.free_stack.push_back(s);
       }
       gs.owned[index].clear();
+      gs.owned_count[index] = 0;
+      gs.spare[index].clear();
+      gs.hand[index] = 0;
       gs.map[index].clear();
     }
     auto& rq = requests_[index];
     free_host_pages_ += pages_for(rq.capacity);
     rq = request_state{};
+    ledger_.clear(index);
     table_.erase(id);
   }
 
   [[nodiscard]] bool contains(request_id id) const { return table_.contains(id); }
   [[nodiscard]] std::size_t num_requests() const noexcept { return table_.size(); }
+  [[nodiscard]] std::int64_t floor(request_id id) const { return ledger_.floor(table_.index_of(id, "floor")); }
+  [[nodiscard]] std::int64_t floor_sum() const noexcept { return ledger_.floor_sum(); }
 
   /// Row of (request, group, layer, position) in the reference host store. Valid until the
   /// request's next `reserve` or `release`.
@@ -132,6 +156,78 @@ class kv_hierarchy {
     DHISPARSE_EXPECTS(position >= 0 && position < requests_[index].capacity,
                       "host_row: position " + std::to_string(position) + " is not backed by a page");
     return store_row(index, group, std::int32_t(position)) + std::size_t(layer) * RowFormat::bytes;
+  }
+
+  // ---- pool memory ----------------------------------------------------------------------
+
+  /// Reference of `kv_hierarchy::set_pool_limit`.
+  void set_pool_limit(int group, std::int64_t limit)
+  {
+    ledger_.check_limit(group, limit);
+    auto& gs                     = groups_[group];
+    std::int32_t const old_limit = gs.limit;
+    std::int32_t const lim       = std::int32_t(limit);
+    if (lim < old_limit) {
+      backup();
+      if constexpr (reclaims) { reclaim_rows(group, old_limit - lim - std::int32_t(gs.free_stack.size()), 0); }
+      gs.free_stack.clear();
+      for (std::int32_t s = 0; s < lim; ++s) {
+        if (gs.owner[s] < 0) { gs.free_stack.push_back(s); }
+      }
+      std::map<std::int32_t, std::int32_t> moved;
+      for (std::int32_t s = lim; s < old_limit; ++s) {
+        if (gs.owner[s] < 0) { continue; }
+        std::int32_t const to = gs.free_stack.back();
+        gs.free_stack.pop_back();
+        std::copy_n(gs.slab.begin() + std::ptrdiff_t(std::size_t(s) * gs.row_bytes), gs.row_bytes,
+                    gs.slab.begin() + std::ptrdiff_t(std::size_t(to) * gs.row_bytes));
+        gs.owner[to]    = gs.owner[s];
+        gs.position[to] = gs.position[s];
+        gs.state[to]    = gs.state[s];
+        gs.touched[to]  = gs.touched[s];
+        gs.dirty[to]    = 0;
+        if (gs.position[s] >= 0) { gs.map[gs.owner[s]][gs.position[s]] = to; }
+        clear_slot(gs, s);
+        moved[s] = to;
+      }
+      for (int r = 0; r < config_.max_requests; ++r) {
+        for (auto* list : {&gs.owned[r], &gs.spare[r]}) {
+          for (auto& s : *list) {
+            if (s >= lim) { s = moved.at(s); }
+          }
+        }
+      }
+    } else {
+      for (std::int32_t s = old_limit; s < lim; ++s) { gs.free_stack.push_back(s); }
+    }
+    gs.limit = lim;
+    ledger_.set_limit(group, limit);
+  }
+
+  [[nodiscard]] std::int64_t pool_limit(int group) const { return ledger_.limit(group); }
+
+  /// Reference of `kv_hierarchy::reclaim`.
+  void reclaim(int group, std::int32_t free_slots)
+  {
+    table_.check_group(group, "reclaim");
+    if constexpr (reclaims) { reclaim_rows(group, free_slots - std::int32_t(groups_[group].free_stack.size()), 0); }
+  }
+
+  /// Reference of `kv_hierarchy::prewarm`.
+  void prewarm(request_id id, std::int32_t count)
+  {
+    int const index = table_.index_of(id, "prewarm");
+    DHISPARSE_EXPECTS(count >= 0, "prewarm: count must not be negative");
+    for (int g = 0; g < config_.num_groups(); ++g) { prewarm_rows(index, g, -1, count); }
+  }
+
+  /// Reference of `kv_hierarchy::prewarm_range`.
+  void prewarm_range(request_id id, int group, std::int32_t first, std::int32_t count)
+  {
+    int const index = table_.index_of(id, "prewarm_range");
+    table_.check_group(group, "prewarm_range");
+    DHISPARSE_EXPECTS(first >= 0 && count >= 0, "prewarm_range: first and count must not be negative");
+    prewarm_rows(index, group, first, count);
   }
 
   // ---- batch ----------------------------------------------------------------------------
@@ -146,54 +242,33 @@ class kv_hierarchy {
 
   // ---- step -----------------------------------------------------------------------------
 
-  /// Reference of resolve.cuh; `selections` is host memory [max_batch][max_queries][top_k].
-  void resolve(int group, std::int32_t const* selections, int top_k)
+  /// Reference of resolve.cuh; `selections` (and `scores`) are host memory
+  /// [max_batch][max_queries][top_k].
+  void resolve(int group, std::int32_t const* selections, int top_k, float const* scores = nullptr)
   {
     table_.check_resolve(group, selections, top_k);
+    DHISPARSE_EXPECTS(!Eviction::needs_scores || scores != nullptr,
+                      "resolve: the eviction policy needs per-selection scores (scores is null)");
     auto& gs = groups_[group];
-    ++gs.epoch;
+    std::uint32_t const epoch = ++gs.epoch;
     gs.misses.clear();
     std::fill(gs.tail_slots.begin(), gs.tail_slots.end(), -1);
-    gs.slot_table.assign(std::size_t(config_.max_batch) * config_.max_queries * top_k, -1);
-    for (int b = 0; b < batch_count(); ++b) {
+    gs.slot_table.resize(std::size_t(config_.max_batch) * config_.max_queries * top_k);
+    std::size_t const entries = std::size_t(config_.max_queries) * top_k;
+    int const batch           = batch_count();
+    std::vector<std::vector<std::int32_t>> misses(batch);
+    std::vector<int> tails(batch, 0);
+
+    // 1. lookup, every request: hits pinned (on_hit once per row), misses collected once.
+    for (int b = 0; b < batch; ++b) {
       std::int32_t const r   = batch_requests_[b];
       std::int32_t const nq  = batch_queries_[b];
       std::int32_t const len = requests_[r].length;
       auto& map              = gs.map[r];
-      // 1. lookup: hits are pinned (policy updated once), misses collected once each.
-      std::vector<std::int32_t> misses;
-      std::unordered_set<std::int32_t> claimed;
-      for (int q = 0; q < nq; ++q) {
-        std::int32_t const* query = selections + (std::size_t(b) * config_.max_queries + q) * top_k;
-        for (int k = 0; k < top_k; ++k) {
-          std::int32_t const pos = query[k];
-          if (pos == -1) { continue; }
-          if (!valid_selection(query, k, pos, len + q)) {
-            status_ |= status_invalid_selection;
-            continue;
-          }
-          if (pos >= len) { continue; }
-          if (pos >= std::int32_t(map.size())) {
-            status_ |= status_capacity_exceeded;
-            continue;
-          }
-          std::int32_t const slot = map[pos];
-          if (slot >= 0) {
-            if (gs.touched[slot] != gs.epoch) {
-              gs.touched[slot] = gs.epoch;
-              gs.state[slot]   = Eviction::on_hit(gs.state[slot], gs.epoch);
-            }
-          } else if (claimed.insert(pos).second) {
-            misses.push_back(pos);
-          }
-        }
-      }
-      // 2. allocate: tails first, then misses; free pool while under budget, then the
-      //    request's own evictable rows, smallest key first.
-      int tails = 0;
-      while (tails < nq) {
-        std::int32_t const pos = len + tails;
-        if (pos >= std::int32_t(map.size()) || pos >= requests_[r].capacity) {
+      int t = 0;
+      while (t < nq) {
+        std::int32_t const pos = len + t;
+        if (pos >= requests_[r].capacity) {
           status_ |= status_capacity_exceeded;
           break;
         }
@@ -201,69 +276,125 @@ class kv_hierarchy {
           status_ |= status_uncommitted_tail;
           break;
         }
-        ++tails;
+        ++t;
       }
-      int const need  = int(misses.size()) + tails;
-      auto& owned     = gs.owned[r];
-      int const owned_n = int(owned.size());
-      int const want  = std::min(need, std::max(0, Budget::slots_per_request - owned_n));
-      int const take  = std::min(want, int(gs.free_stack.size()));
-      if (take < want) { status_ |= status_pool_exhausted; }
+      tails[b] = t;
+      std::set<std::int32_t> missed;
+      std::map<std::int32_t, context_sum> hits;  // slot → aggregated selections
+      std::int32_t* table = gs.slot_table.data() + b * entries;
+      for (std::size_t i = 0; i < entries; ++i) {
+        int const q            = int(i / std::size_t(top_k));
+        std::int32_t const pos = q < nq ? selections[b * entries + i] : -1;
+        table[i]               = -1;
+        if (pos == -1) { continue; }
+        if (pos < 0 || pos > len + q) {
+          status_ |= status_invalid_selection;
+        } else if (pos >= len) {
+          table[i] = pos - len < t ? pending : -1;
+        } else if (std::int32_t const slot = map[pos]; slot >= 0) {
+          table[i]  = slot;
+          auto& sum = hits[slot];
+          sum.add(scores != nullptr ? scores[b * entries + i] : 0.f);
+        } else {
+          missed.insert(pos);
+          table[i] = pending;
+        }
+      }
+      for (auto const& [slot, sum] : hits) {
+        gs.touched[slot] = epoch;
+        gs.state[slot]   = Eviction::on_hit(gs.state[slot], sum.context(epoch, gs.position[slot], true));
+      }
+      misses[b].assign(missed.begin(), missed.end());
+      gs.counters.selected_rows += hits.size() + missed.size();
+    }
+
+    // 2. reclaim (shared budgets), when the free slots cannot serve the step's new rows.
+    if constexpr (reclaims) {
+      long long rows = 0;
+      for (int b = 0; b < batch; ++b) {
+        rows += std::max<long long>(0, std::int64_t(misses[b].size()) + tails[b] -
+                                         std::int64_t(gs.spare[batch_requests_[b]].size()));
+      }
+      long long const short_by = rows + config_.reclaim_low_watermark - std::int64_t(gs.free_stack.size());
+      if (short_by > 0) {
+        reclaim_rows(group, std::int32_t(std::min<long long>(short_by + detail::reclaim_batch(config_),
+                                                             config_.device_slots_per_group)),
+                     epoch);
+      }
+    }
+
+    // 3. allocate, every request: spares, free pool up to the cap, then its own victims.
+    for (int b = 0; b < batch; ++b) {
+      std::int32_t const r   = batch_requests_[b];
+      std::int32_t const len = requests_[r].length;
+      int const t            = tails[b];
+      int const rows         = int(misses[b].size()) + t;
+      auto& spare            = gs.spare[r];
+      int const spares       = std::min<int>(int(spare.size()), rows);
+      int want               = rows - spares;
+      if constexpr (per_request) { want = std::min(want, std::max(0, ledger_.cap(r) - gs.owned_count[r])); }
+      int const popped = std::min<int>(want, int(gs.free_stack.size()));
+      if (popped < want) { status_ |= status_pool_exhausted; }
       std::vector<std::int32_t> slots;
-      for (int i = 0; i < take; ++i) {
+      for (int i = 0; i < spares; ++i) {
+        slots.push_back(spare.back());
+        spare.pop_back();
+      }
+      for (int i = 0; i < popped; ++i) {
         std::int32_t const s = gs.free_stack.back();
         gs.free_stack.pop_back();
         gs.owner[s] = r;
+        if constexpr (per_request) { gs.owned[r].push_back(s); }
         slots.push_back(s);
       }
-      int const evict = need - take;
-      if (evict > 0) {
-        std::vector<std::pair<std::uint64_t, std::int32_t>> candidates;  // (key, slot)
-        for (int i = 0; i < owned_n; ++i) {
-          std::int32_t const s = owned[i];
-          if (gs.touched[s] == gs.epoch || gs.dirty[s] != 0) { continue; }
-          std::uint64_t const k =
-            gs.position[s] < 0 ? std::uint64_t(i)
-                               : (std::uint64_t{1} << 63) | Eviction::eviction_key(gs.state[s], gs.position[s]);
-          candidates.emplace_back(k, s);
-        }
-        std::sort(candidates.begin(), candidates.end());
-        if (int(candidates.size()) < evict) { status_ |= status_budget_exceeded; }
-        for (int i = 0; i < evict && i < int(candidates.size()); ++i) {
-          std::int32_t const s = candidates[i].second;
-          if (gs.position[s] >= 0) { map[gs.position[s]] = -1; }
-          slots.push_back(s);
+      gs.owned_count[r] += popped;
+      int found = 0;
+      if constexpr (per_request) {
+        int const evict = rows - spares - popped;
+        if (evict > 0) {
+          auto const victims = Eviction::search == victim_search::sweep ? sweep(gs, r, epoch, evict)
+                                                                       : smallest_keys(gs, r, epoch, evict);
+          for (std::int32_t s : victims) {
+            gs.map[r][gs.position[s]] = -1;
+            slots.push_back(s);
+          }
+          found = int(victims.size());
+          gs.counters.evicted_rows += victims.size();
         }
       }
-      owned.insert(owned.end(), slots.begin(), slots.begin() + take);
-      int const total = int(slots.size());
-      if (total < tails) { status_ |= status_budget_exceeded; }
+      int const total = spares + popped + found;
+      if (total < rows) { status_ |= status_budget_exceeded; }
+      std::int32_t const* sel = selections + b * entries;
+      std::int32_t* table     = gs.slot_table.data() + b * entries;
       for (int i = 0; i < total; ++i) {
         std::int32_t const s   = slots[i];
-        bool const tail        = i < tails;
-        std::int32_t const pos = tail ? len + i : misses[i - tails];
-        gs.position[s] = pos;
-        gs.state[s]    = Eviction::on_insert(gs.epoch);
-        gs.touched[s]  = gs.epoch;
-        gs.dirty[s]    = tail ? 1 : 0;
-        map[pos]       = s;
+        bool const tail        = i < t;
+        std::int32_t const pos = tail ? len + i : misses[b][i - t];
+        gs.position[s]         = pos;
+        gs.touched[s]          = epoch;
+        gs.dirty[s]            = tail ? 1 : 0;
+        gs.map[r][pos]         = s;
         if (tail) {
           gs.tail_slots[std::size_t(b) * config_.max_queries + i] = s;
         } else {
           gs.misses.push_back({r, pos, s});
         }
       }
-      // 3. slot table.
-      for (int q = 0; q < nq; ++q) {
-        std::size_t const row     = (std::size_t(b) * config_.max_queries + q) * top_k;
-        std::int32_t const* query = selections + row;
-        for (int k = 0; k < top_k; ++k) {
-          std::int32_t const pos = query[k];
-          if (pos != -1 && valid_selection(query, k, pos, len + q) && pos < std::int32_t(map.size())) {
-            gs.slot_table[row + k] = map[pos];
-          }
-        }
+      // Pending entries get their slots; the new rows' policy state from their selections.
+      std::map<std::int32_t, context_sum> inserted;
+      for (int i = 0; i < total; ++i) { inserted[slots[i]]; }
+      for (std::size_t i = 0; i < entries; ++i) {
+        if (table[i] != pending) { continue; }
+        std::int32_t const slot = gs.map[r][sel[i]];
+        table[i]                = slot;
+        if (slot >= 0) { inserted[slot].add(scores != nullptr ? scores[b * entries + i] : 0.f); }
       }
+      for (int i = 0; i < total; ++i) {
+        std::int32_t const s = slots[i];
+        gs.state[s]          = Eviction::on_insert(inserted[s].context(epoch, gs.position[s], i >= t));
+      }
+      gs.counters.fetched_rows += std::max(0, total - t);
+      gs.counters.tail_rows += std::min(t, total);
     }
   }
 
@@ -271,13 +402,7 @@ class kv_hierarchy {
   void retrieve(int group, int layer_begin = 0, int layer_end = -1)
   {
     table_.check_retrieve(group, layer_begin, layer_end);
-    auto& gs                = groups_[group];
-    std::size_t const begin = std::size_t(layer_begin) * RowFormat::bytes;
-    std::size_t const bytes = std::size_t(layer_end - layer_begin) * RowFormat::bytes;
-    for (auto const& m : gs.misses) {
-      std::memcpy(gs.slab.data() + std::size_t(m.slot) * gs.row_bytes + begin,
-                  store_row(m.request, group, m.position) + begin, bytes);
-    }
+    copy_rows(group, groups_[group].misses, layer_begin, layer_end);
   }
 
   /// Reference of commit.cuh; `accepted` is host memory [batch] or nullptr.
@@ -305,6 +430,7 @@ class kv_hierarchy {
             gs.map[r][gs.position[s]] = -1;
             gs.position[s]            = -1;
             gs.dirty[s]               = 0;
+            if (gs.spare[r].size() < std::size_t(config_.max_queries)) { gs.spare[r].push_back(s); }
           }
           s = -1;
         }
@@ -318,10 +444,21 @@ class kv_hierarchy {
   {
     for (int g = 0; g < config_.num_groups(); ++g) {
       auto& gs = groups_[g];
-      for (std::int32_t s : gs.dirty_list) {
-        std::memcpy(store_row(gs.owner[s], g, gs.position[s]),
-                    gs.slab.data() + std::size_t(s) * gs.row_bytes, gs.row_bytes);
+      auto const back_up = [&](std::int32_t s) {
+        std::memcpy(store_row(gs.owner[s], g, gs.position[s]), gs.slab.data() + std::size_t(s) * gs.row_bytes,
+                    gs.row_bytes);
         gs.dirty[s] = 0;
+        ++gs.counters.backed_up_rows;
+      };
+      for (std::int32_t s : gs.dirty_list) {
+        if (gs.owner[s] >= 0 && gs.position[s] >= 0) { back_up(s); }
+      }
+      // Rows committed past a full dirty list (the GPU finds them with a pool scan).
+      for (std::int32_t s = 0; s < gs.limit; ++s) {
+        if (gs.dirty[s] != 0 && gs.owner[s] >= 0 && gs.position[s] >= 0 &&
+            gs.position[s] < requests_[gs.owner[s]].length) {
+          back_up(s);
+        }
       }
       gs.dirty_list.clear();
     }
@@ -353,6 +490,16 @@ class kv_hierarchy {
     }
     return out;
   }
+  /// Slots of `group` owned by some request (resident rows and spare slots).
+  [[nodiscard]] std::int64_t owned_slots(int group) const
+  {
+    auto const& gs = groups_.at(group);
+    return std::count_if(gs.owner.begin(), gs.owner.end(), [](std::int32_t o) { return o >= 0; });
+  }
+  /// Free slots of `group`.
+  [[nodiscard]] std::int64_t free_slots(int group) const { return std::int64_t(groups_.at(group).free_stack.size()); }
+  /// Counters of `group` (see `group_counters`).
+  [[nodiscard]] group_counters const& counters(int group) const { return groups_.at(group).counters; }
   /// Committed length of request `id`.
   [[nodiscard]] std::int32_t length(request_id id) const { return requests_[table_.index_of(id, "length")].length; }
   [[nodiscard]] int request_index(request_id id) const { return table_.index_of(id, "request_index"); }
@@ -363,6 +510,8 @@ class kv_hierarchy {
   void clear_status() noexcept { status_ = 0; }
 
  private:
+  static constexpr std::int32_t pending = -2;
+
   struct request_state {
     std::int32_t length   = 0;
     std::int64_t capacity = 0;
@@ -372,46 +521,240 @@ class kv_hierarchy {
     std::size_t row_bytes = 0;
     std::vector<std::byte> slab;
     std::vector<std::int32_t> owner, position;
-    std::vector<std::uint32_t> state, touched, dirty;
+    std::vector<policy_state> state;
+    std::vector<std::uint32_t> touched, dirty;
     std::vector<std::int32_t> free_stack;
-    std::vector<std::vector<std::int32_t>> owned;  // per request
+    std::int32_t limit = 0;
+    std::vector<std::vector<std::int32_t>> owned;  // per request (per-request budgets)
+    std::vector<std::int32_t> owned_count;         // per request
+    std::vector<std::vector<std::int32_t>> spare;  // per request, a stack
+    std::vector<std::int32_t> hand;                // per request (CLOCK)
     std::vector<std::vector<std::int32_t>> map;    // per request: position → slot
     std::vector<std::int32_t> dirty_list;
     std::vector<std::int32_t> tail_slots, slot_table;
     std::vector<miss> misses;
     std::uint32_t epoch = 0;
+    group_counters counters{};
+  };
+  /// Selections of one row in one step, as the GPU aggregates them.
+  struct context_sum {
+    std::uint32_t count = 0;
+    float best          = 0.f;
+    bool scored         = false;
+    void add(float score)
+    {
+      ++count;
+      best   = scored ? std::max(best, score) : score;
+      scored = true;
+    }
+    [[nodiscard]] selection_context context(std::uint32_t epoch, std::int32_t position, bool selected) const
+    {
+      if constexpr (Eviction::counts_selections) {
+        return {epoch, position, count > 0 ? best : 0.f, count};
+      } else {
+        return {epoch, position, 0.f, selected ? 1u : 0u};
+      }
+    }
   };
 
-  static bool valid_selection(std::int32_t const* query, int k, std::int32_t p, std::int32_t limit)
+  static void clear_slot(group_state& gs, std::int32_t s)
   {
-    if (p < 0 || p > limit) { return false; }
-    return k == 0 || (query[k - 1] >= 0 && query[k - 1] < p);
+    gs.owner[s] = gs.position[s] = -1;
+    gs.state[s]                  = 0;
+    gs.touched[s] = gs.dirty[s] = 0;
+  }
+
+  /// The `n` evictable rows of request r with the smallest (key, position).
+  std::vector<std::int32_t> smallest_keys(group_state& gs, std::int32_t r, std::uint32_t epoch, int n)
+  {
+    std::vector<std::tuple<std::uint64_t, std::int32_t, std::int32_t>> candidates;  // key, position, slot
+    for (std::int32_t s : gs.owned[r]) {
+      std::int32_t const pos = gs.position[s];
+      if (pos < 0 || gs.touched[s] == epoch || gs.dirty[s] != 0) { continue; }
+      candidates.emplace_back(Eviction::eviction_key(gs.state[s], pos), pos, s);
+    }
+    std::sort(candidates.begin(), candidates.end());
+    std::vector<std::int32_t> out;
+    for (int i = 0; i < n && i < int(candidates.size()); ++i) {
+      out.push_back(std::get<2>(candidates[i]));
+      gs.touched[out.back()] = epoch;
+    }
+    return out;
+  }
+
+  /// CLOCK: the hand sweeps request r's owned list, at most twice around.
+  std::vector<std::int32_t> sweep(group_state& gs, std::int32_t r, std::uint32_t epoch, int n)
+  {
+    std::vector<std::int32_t> out;
+    auto const& owned = gs.owned[r];
+    int const size    = int(owned.size());
+    if (size == 0) { return out; }
+    int hand = gs.hand[r] % size;
+    for (int steps = 0; int(out.size()) < n && steps < 2 * size; ++steps) {
+      std::int32_t const s = owned[hand];
+      hand                 = (hand + 1) % size;
+      if (gs.position[s] < 0 || gs.touched[s] == epoch || gs.dirty[s] != 0) { continue; }
+      if constexpr (Eviction::search == victim_search::sweep) {
+        if (Eviction::referenced(gs.state[s])) {
+          gs.state[s] = Eviction::clear_reference(gs.state[s]);
+          continue;
+        }
+      }
+      out.push_back(s);
+      gs.touched[s] = epoch;
+    }
+    gs.hand[r] = hand;
+    return out;
+  }
+
+  /// Releases up to `want` clean rows not touched in `pin_epoch` (0: none pinned) in the
+  /// budget's reclaim order (reclaim.cuh).
+  void reclaim_rows(int group, std::int32_t want, std::uint32_t pin_epoch)
+  {
+    if (want <= 0) { return; }
+    auto& gs           = groups_[group];
+    int owner_bits     = 1;
+    while ((1 << owner_bits) <= std::max(config_.max_requests - 1, 1)) { ++owner_bits; }
+    // (key, tie-break, slot) of every eligible row.
+    std::vector<std::tuple<std::uint64_t, std::uint64_t, std::int32_t>> rows;
+    std::vector<std::int64_t> eligible(config_.max_requests, 0);
+    for (std::int32_t s = 0; s < gs.limit; ++s) {
+      std::int32_t const owner = gs.owner[s], pos = gs.position[s];
+      if (owner < 0 || pos < 0 || gs.dirty[s] != 0 || (pin_epoch != 0 && gs.touched[s] == pin_epoch)) { continue; }
+      rows.emplace_back(Eviction::eviction_key(gs.state[s], pos), (std::uint64_t(pos) << owner_bits) | owner, s);
+      ++eligible[owner];
+    }
+    std::sort(rows.begin(), rows.end());
+    std::vector<std::int32_t> released;
+    if (Budget::reclaim == reclaim_order::fair_share) {
+      auto const give = [&](int r, long long level) {
+        long long const x = (long long)gs.owned_count[r] - ledger_.floor(r) - level;
+        return std::clamp<long long>(x, 0, eligible[r]);
+      };
+      auto const sum_at = [&](long long level) {
+        long long s = 0;
+        for (int r = 0; r < config_.max_requests; ++r) { s += give(r, level); }
+        return s;
+      };
+      long long lo = -(1ll << 33), hi = 1ll << 33;
+      while (hi - lo > 1) {
+        long long const mid = lo + (hi - lo) / 2;
+        (sum_at(mid) >= want ? lo : hi) = mid;
+      }
+      long long remainder = want - sum_at(lo + 1);
+      std::vector<long long> target(config_.max_requests);
+      for (int r = 0; r < config_.max_requests; ++r) {
+        target[r] = give(r, lo + 1);
+        if (give(r, lo) > give(r, lo + 1) && remainder > 0) {
+          ++target[r];
+          --remainder;
+        }
+      }
+      for (auto const& row : rows) {
+        std::int32_t const s = std::get<2>(row);
+        if (target[gs.owner[s]] > 0) {
+          --target[gs.owner[s]];
+          released.push_back(s);
+        }
+      }
+    } else {
+      for (std::size_t i = 0; i < rows.size() && i < std::size_t(want); ++i) { released.push_back(std::get<2>(rows[i])); }
+    }
+    for (std::int32_t s : released) {
+      std::int32_t const owner = gs.owner[s];
+      gs.map[owner][gs.position[s]] = -1;
+      clear_slot(gs, s);
+      gs.free_stack.push_back(s);
+      --gs.owned_count[owner];
+    }
+    gs.counters.reclaimed_rows += released.size();
+    ++gs.counters.reclaims;
+  }
+
+  /// Reference of the prewarm kernel (detail/hierarchy/kernels.cuh), chunk by chunk.
+  void prewarm_rows(int r, int group, std::int32_t first, std::int32_t count)
+  {
+    auto& gs               = groups_[group];
+    std::int32_t const len = requests_[r].length;
+    std::int64_t const chunk = std::int64_t{1} << 16;  // kv_hierarchy::prewarm_chunk
+    std::int32_t const lo  = first >= 0 ? first : std::max(0, len - count);
+    std::int32_t const hi  = first >= 0 ? std::int32_t(std::min<std::int64_t>(len, std::int64_t(first) + count)) : len;
+    for (std::int64_t c = 0; c * chunk < count; ++c) {
+      std::int32_t const end   = std::int32_t(hi - c * chunk);
+      std::int32_t const begin = std::int32_t(std::max<std::int64_t>(lo, end - chunk));
+      int room = std::max<int>(0, int(gs.free_stack.size()) - (reclaims ? config_.reclaim_low_watermark : 0));
+      if constexpr (per_request) { room = std::min(room, std::max(0, ledger_.cap(r) - gs.owned_count[r])); }
+      std::vector<std::int32_t> chosen;  // descending
+      for (std::int32_t pos = end - 1; pos >= begin && int(chosen.size()) < room; --pos) {
+        if (gs.map[r][pos] == -1) { chosen.push_back(pos); }
+      }
+      std::reverse(chosen.begin(), chosen.end());
+      std::vector<miss> rows;
+      for (std::int32_t pos : chosen) {
+        std::int32_t const s = gs.free_stack.back();
+        gs.free_stack.pop_back();
+        gs.owner[s]    = r;
+        gs.position[s] = pos;
+        gs.state[s]    = Eviction::on_insert(selection_context{gs.epoch, pos, 0.f, 0u});
+        gs.touched[s]  = 0;
+        gs.dirty[s]    = 0;
+        gs.map[r][pos] = s;
+        if constexpr (per_request) { gs.owned[r].push_back(s); }
+        rows.push_back({r, pos, s});
+      }
+      gs.owned_count[r] += int(chosen.size());
+      gs.counters.prewarmed_rows += chosen.size();
+      copy_rows(group, rows, 0, config_.group_layers[group]);
+    }
+  }
+
+  void copy_rows(int group, std::vector<miss> const& rows, int layer_begin, int layer_end)
+  {
+    auto& gs                = groups_[group];
+    std::size_t const begin = std::size_t(layer_begin) * RowFormat::bytes;
+    std::size_t const bytes = std::size_t(layer_end - layer_begin) * RowFormat::bytes;
+    for (auto const& m : rows) {
+      std::memcpy(gs.slab.data() + std::size_t(m.slot) * gs.row_bytes + begin,
+                  store_row(m.request, group, m.position) + begin, bytes);
+    }
   }
 
   std::size_t pages_for(std::int64_t capacity) const
   {
     return std::size_t((capacity + config_.host.tokens_per_page - 1) / config_.host.tokens_per_page);
   }
+  /// Positions whole pages back for `capacity`, up to max_context.
+  std::int64_t backed(std::int64_t capacity) const
+  {
+    return std::min<std::int64_t>(std::int64_t(pages_for(capacity)) * config_.host.tokens_per_page,
+                                  config_.max_context);
+  }
   std::size_t dirty_capacity() const
   {
     return std::size_t(config_.max_batch) * config_.max_queries * config_.backup_interval_steps;
   }
 
+  void check_pages(int index, std::int64_t capacity) const
+  {
+    std::size_t const have = pages_for(requests_[index].capacity);
+    std::size_t const want = pages_for(capacity);
+    DHISPARSE_EXPECTS(want <= have || want - have <= free_host_pages_,
+                      "host store exhausted: " + std::to_string(want - have) + " pages needed, " +
+                        std::to_string(free_host_pages_) + " free");
+  }
+
   void grow(int index, std::int64_t capacity)
   {
     auto& rq = requests_[index];
-    if (capacity <= rq.capacity) { return; }
-    std::size_t const have = pages_for(rq.capacity);
-    std::size_t const want = pages_for(capacity);
-    DHISPARSE_EXPECTS(want - have <= free_host_pages_,
-                      "host store exhausted: " + std::to_string(want - have) + " pages needed, " +
-                        std::to_string(free_host_pages_) + " free");
-    free_host_pages_ -= want - have;
-    // Like the real store, capacity is whole pages.
-    std::int64_t const backed = std::int64_t(want) * config_.host.tokens_per_page;
-    rq.capacity               = std::min<std::int64_t>(backed, config_.max_context);
-    rq.rows.resize(std::size_t(rq.capacity) * total_row_bytes_);
-    for (auto& gs : groups_) { gs.map[index].resize(std::size_t(rq.capacity), -1); }
+    if (capacity > rq.capacity) {
+      std::size_t const have = pages_for(rq.capacity);
+      std::size_t const want = pages_for(capacity);
+      free_host_pages_ -= want - have;
+      rq.capacity = backed(capacity);  // like the real store: whole pages
+      rq.rows.resize(std::size_t(rq.capacity) * total_row_bytes_);
+      for (auto& gs : groups_) { gs.map[index].resize(std::size_t(rq.capacity), -1); }
+    }
+    ledger_.set(index, rq.capacity);
   }
 
   std::byte* store_row(int index, int group, std::int32_t position)
@@ -420,6 +763,7 @@ class kv_hierarchy {
   }
 
   hierarchy_config config_;
+  detail::budget_ledger<Budget> ledger_;
   std::vector<std::size_t> group_offset_;
   std::size_t total_row_bytes_ = 0;
   std::vector<group_state> groups_;

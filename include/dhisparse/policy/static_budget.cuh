@@ -1,18 +1,17 @@
 /**
  * @file policy/static_budget.cuh
  * @brief A fixed device budget of H slots per request and layer group (HiSparse's hot
- *        buffer): the baseline every adaptive policy is compared against.
+ *        buffer): the baseline every adaptive policy is compared against. The contract of
+ *        budget policies is in policy/concepts.hpp.
  *
- * ## Budget policy contract
- * A budget policy is a struct with (checked by `dhisparse::is_budget_policy_v`):
- * - `static constexpr std::int32_t slots_per_request`: the most slots one request may own
- *   in one group, and the floor the pool must guarantee to every admitted request (the
- *   hierarchy refuses a pool smaller than `max_requests × slots_per_request`).
- * Misses are served from the free pool while the request owns fewer slots than its
- * budget, and by evicting the request's own rows (in the eviction policy's order) once it
- * owns its whole budget.
+ * floor = cap = H. A request is served from the free pool until it owns H slots, then
+ * evicts its own rows (in the eviction policy's order). H must cover the essential set of
+ * the configuration (`essential_floor` at `max_context`): the hierarchy refuses a smaller
+ * H at construction, so a step never runs out of slots.
  */
 #pragma once
+
+#include <dhisparse/policy/concepts.hpp>
 
 #include <cstdint>
 
@@ -22,7 +21,12 @@ namespace dhisparse::policy {
 template <std::int32_t H>
 struct static_budget {
   static_assert(H > 0, "static_budget<H>: H must be positive");
-  static constexpr std::int32_t slots_per_request = H;
+  static constexpr budget_kind kind                 = budget_kind::per_request;
+  static constexpr reclaim_order reclaim            = reclaim_order::none;
+  static constexpr std::int32_t slots_per_request   = H;
+
+  static constexpr std::int64_t floor(budget_inputs) noexcept { return H; }
+  static constexpr std::int64_t cap(budget_inputs) noexcept { return H; }
 };
 
 }  // namespace dhisparse::policy

@@ -17,6 +17,25 @@ namespace detail::backup {
 
 inline constexpr int block_size = 256;
 
+/// One warp copies one dirty group row to its host page, then marks it clean.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void back_up_row(backup_params const& p, device_pool_ref const& pool,
+                                                        group_layout const& layout, std::int32_t slot, int lane)
+{
+  std::int32_t const r   = pool.owner[slot];
+  std::int32_t const pos = pool.position[slot];
+  if (r < 0 || pos < 0) { return; }
+  std::byte* dst = p.host.group_row(r, pos, layout);
+  if (dst == nullptr) { return; }
+  auto const* src = reinterpret_cast<int4 const*>(pool.slab + std::size_t(slot) * pool.group_row_bytes);
+  warp_copy(reinterpret_cast<int4*>(dst), src, int(pool.group_row_bytes / 16), lane);
+  __threadfence_system();  // the host copy is complete before the row is marked clean
+  __syncwarp();
+  if (lane == 0) {
+    pool.dirty[slot] = 0;
+    atomicAdd(&pool.counters->backed_up_rows, 1ull);
+  }
+}
+
 template <int BlockSize>
 DHISPARSE_KERNEL void __launch_bounds__(BlockSize) copy_kernel(backup_params p)
 {
@@ -26,27 +45,38 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) copy_kernel(backup_params p)
   int const lane             = threadIdx.x & 31;
   int const warps            = BlockSize / 32;
   std::int32_t const n       = min(*pool.dirty_count, pool.dirty_capacity);
-  int const vectors          = int(pool.group_row_bytes / 16);
   for (std::int32_t i = blockIdx.x * warps + threadIdx.x / 32; i < n; i += gridDim.x * warps) {
     std::int32_t const slot = pool.dirty_list[i];
-    if (slot < 0) { continue; }  // scrubbed by release
-    std::int32_t const r   = pool.owner[slot];
-    std::int32_t const pos = pool.position[slot];
-    if (r < 0 || pos < 0) { continue; }
-    std::byte* dst = p.host.group_row(r, pos, layout);
-    if (dst == nullptr) { continue; }
-    auto const* src = reinterpret_cast<int4 const*>(pool.slab + std::size_t(slot) * pool.group_row_bytes);
-    warp_copy(reinterpret_cast<int4*>(dst), src, vectors, lane);
-    __threadfence_system();  // the host copy is complete before the row is marked clean
-    __syncwarp();
-    if (lane == 0) { pool.dirty[slot] = 0; }
+    if (slot >= 0) { back_up_row(p, pool, layout, slot, lane); }  // -1: scrubbed by release
+  }
+}
+
+/// After a dirty-list overflow: every dirty committed row the list missed.
+template <int BlockSize>
+DHISPARSE_KERNEL void __launch_bounds__(BlockSize) scan_kernel(backup_params p)
+{
+  int const g                = blockIdx.y;
+  device_pool_ref const pool = p.pools[g];
+  if (*pool.dirty_overflow == 0) { return; }
+  group_layout const layout = p.layouts[g];
+  int const lane            = threadIdx.x & 31;
+  int const warps           = BlockSize / 32;
+  std::int32_t const limit  = *pool.limit;
+  for (std::int32_t s = blockIdx.x * warps + threadIdx.x / 32; s < limit; s += gridDim.x * warps) {
+    std::int32_t const r = pool.owner[s];
+    if (pool.dirty[s] != 0 && r >= 0 && pool.position[s] >= 0 && pool.position[s] < p.lengths[r]) {
+      back_up_row(p, pool, layout, s, lane);
+    }
   }
 }
 
 template <int BlockSize>
 DHISPARSE_KERNEL void __launch_bounds__(BlockSize) reset_kernel(backup_params p)
 {
-  for (int g = threadIdx.x; g < p.num_groups; g += BlockSize) { *p.pools[g].dirty_count = 0; }
+  for (int g = threadIdx.x; g < p.num_groups; g += BlockSize) {
+    *p.pools[g].dirty_count    = 0;
+    *p.pools[g].dirty_overflow = 0;
+  }
 }
 
 }  // namespace detail::backup
@@ -58,6 +88,7 @@ inline cudaError_t backup_async(backup_params const& params, int blocks, cudaStr
   if (blocks <= 0) { blocks = 64; }
   dim3 const grid(unsigned(blocks), unsigned(params.num_groups));
   bk::copy_kernel<bk::block_size><<<grid, bk::block_size, 0, stream>>>(params);
+  bk::scan_kernel<bk::block_size><<<grid, bk::block_size, 0, stream>>>(params);
   bk::reset_kernel<bk::block_size><<<1, bk::block_size, 0, stream>>>(params);
   return detail::check_launch(stream);
 }

@@ -34,20 +34,33 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) commit_kernel(commit_params p
   std::int32_t* tails = p.tail_slots + (std::int64_t(g) * p.batch.max_batch + b) * p.batch.max_queries;
   for (int j = threadIdx.x; j < nq; j += BlockSize) {
     std::int32_t const slot = tails[j];
-    if (slot < 0) { continue; }
-    tails[j] = -1;
-    if (j < keep) {
-      std::int32_t const at = atomicAdd(pool.dirty_count, 1);
-      if (at < pool.dirty_capacity) {
-        pool.dirty_list[at] = slot;
-      } else {
-        atomicOr(p.status, status_dirty_list_overflow);  // stays dirty and resident
-      }
+    if (slot < 0 || j >= keep) { continue; }
+    tails[j]              = -1;
+    std::int32_t const at = atomicAdd(pool.dirty_count, 1);
+    if (at < pool.dirty_capacity) {
+      pool.dirty_list[at] = slot;
     } else {
+      atomicOr(p.status, status_dirty_list_overflow);  // stays dirty; backup scans for it
+      *pool.dirty_overflow = 1;
+    }
+  }
+  // Rejected tails become spare slots of the request, pushed in order (one thread: the
+  // spare stack's order is part of what the host reference reproduces).
+  if (threadIdx.x == 0) {
+    std::int32_t* spare = pool.spare + std::int64_t(r) * pool.spare_capacity;
+    for (int j = keep; j < nq; ++j) {
+      std::int32_t const slot = tails[j];
+      if (slot < 0) { continue; }
+      tails[j]            = -1;
       std::int32_t* entry = p.map.entry(r, g, pool.position[slot]);
       if (entry != nullptr) { *entry = not_resident; }
       pool.position[slot] = -1;
       pool.dirty[slot]    = 0;
+      std::int32_t const n = pool.spare_count[r];
+      if (n < pool.spare_capacity) {  // always: a request never holds more than Qmax spares
+        spare[n]              = slot;
+        pool.spare_count[r] = n + 1;
+      }
     }
   }
   if (g == 0 && threadIdx.x == 0) { p.batch.lengths[r] += keep; }

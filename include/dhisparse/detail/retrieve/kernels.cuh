@@ -5,6 +5,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/device_info.cuh>
 #include <dhisparse/detail/warp_copy.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/row_format.cuh>
@@ -35,16 +36,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) gather_kernel(retrieve_params
 }
 
 /// Blocks that fill the current device (a few resident blocks per SM).
-inline int default_blocks()
-{
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    sms = 132;
-  }
-  return sms * 8;
-}
+inline int default_blocks() { return multiprocessor_count() * 8; }
 
 }  // namespace detail::retrieve
 

@@ -1,0 +1,428 @@
+/**
+ * @file detail/reclaim/kernels.cuh
+ * @brief The cooperative reclaim kernel (see reclaim.cuh for the contract).
+ *
+ * One launch, grid-wide barriers between the passes:
+ * 1. candidates: every clean, unpinned, non-empty slot below the pool limit, with its
+ *    eviction key (kept in `pool.keys`) and its tie-break (position, request);
+ * 2. targets: one segment (global order) or one per request (fair share: water filling
+ *    over owned − floor);
+ * 3. per segment, a radix select of its target count: 8-bit digits of the key (only the
+ *    bits where keys differ), then of the tie-break among the rows of the threshold key;
+ * 4. release: unmap, free, push onto the free stack; scratch back to zero.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/resolve/victims.cuh>
+#include <dhisparse/detail/resolve/workspace.cuh>
+#include <dhisparse/error.cuh>
+#include <dhisparse/reclaim.cuh>
+#include <dhisparse/step_batch.cuh>
+
+#include <cooperative_groups.h>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dhisparse {
+namespace detail::reclaim {
+
+inline constexpr int block_size = 512;
+
+/// What a segment still has to decide.
+enum segment_mode : std::int32_t {
+  mode_none   = 0,  ///< releases nothing
+  mode_all    = 1,  ///< releases every candidate
+  mode_key    = 2,  ///< selecting the threshold key
+  mode_le_key = 3,  ///< releases every candidate with key ≤ the threshold key
+  mode_tie    = 4,  ///< selecting the threshold tie-break among the threshold key
+};
+enum segment_field : int { f_target, f_remaining, f_mode, f_eligible, f_ties, f_fields = 6 };
+enum scalar_index : int { s_candidates, s_key_min, s_key_max, s_tie_min, s_tie_max, s_any_tie, s_scalars = 8 };
+
+inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, reclaim_scratch_ref* out,
+                                 void* memory)
+{
+  std::size_t offset = 0;
+  auto take          = [&](std::size_t n) {
+    std::size_t const at = offset;
+    offset += resolve::align_up(n);
+    return reinterpret_cast<std::byte*>(reinterpret_cast<std::uintptr_t>(memory) + at);
+  };
+  reclaim_scratch_ref s{};
+  s.candidates = reinterpret_cast<std::int32_t*>(take(std::size_t(num_slots) * 4));
+  s.hist       = reinterpret_cast<std::uint32_t*>(take(std::size_t(segments) * 2 * 256 * 4));
+  s.segment    = reinterpret_cast<std::int32_t*>(take(std::size_t(segments) * f_fields * 4));
+  s.prefix     = reinterpret_cast<std::uint64_t*>(take(std::size_t(segments) * 2 * 8));
+  s.scalars    = reinterpret_cast<std::uint64_t*>(take(s_scalars * 8));
+  s.segments   = segments;
+  if (out != nullptr) { *out = s; }
+  return offset;
+}
+
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool eligible(device_pool_ref const& pool, std::int32_t slot,
+                                                     std::uint32_t pin_epoch)
+{
+  return pool.owner[slot] >= 0 && pool.position[slot] >= 0 && pool.dirty[slot] == 0 &&
+         (pin_epoch == 0 || pool.touched[slot] != pin_epoch);
+}
+
+/// Warp-aggregated `atomicAdd(counter, 1)` for the lanes where `pred` holds; returns the
+/// lane's index. All 32 lanes call it.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int warp_append(int* counter, bool pred)
+{
+  unsigned const ballot = __ballot_sync(0xFFFFFFFFu, pred);
+  int const lane        = threadIdx.x & 31;
+  int base              = 0;
+  if (lane == 0 && ballot != 0) { base = atomicAdd(counter, __popc(ballot)); }
+  base = __shfl_sync(0xFFFFFFFFu, base, 0);
+  return base + __popc(ballot & ((1u << lane) - 1));
+}
+
+/**
+ * Fair share: per request, how many rows to give. Water level X: the largest level at
+ * which Σ min(eligible_r, max(0, excess_r − X)) ≥ want; everyone gives its amount at X + 1,
+ * the remainder goes one row each to the requests that give more at X, lowest index first.
+ * One block.
+ */
+template <int Block>
+DHISPARSE_DEVICE void fair_targets(reclaim_params const& p, int want)
+{
+  using reduce = cub::BlockReduce<long long, Block>;
+  __shared__ typename reduce::TempStorage temp;
+  __shared__ long long total;
+  __shared__ int remainder;
+  std::int32_t* seg   = p.scratch.segment;
+  int const n         = p.scratch.segments;
+  auto const excess   = [&](int r) { return (long long)p.pool.owned_count[r] - p.floors[r]; };
+  auto const give     = [&](int r, long long level) {
+    long long const e = seg[r * f_fields + f_eligible];
+    long long const x = excess(r) - level;
+    return x <= 0 ? 0 : (x < e ? x : e);
+  };
+  auto const sum_at = [&](long long level) {
+    long long mine = 0;
+    for (int r = threadIdx.x; r < n; r += Block) { mine += give(r, level); }
+    long long const s = reduce(temp).Sum(mine);
+    if (threadIdx.x == 0) { total = s; }
+    __syncthreads();
+    return total;
+  };
+  // Binary search the largest level with sum ≥ want (sum is non-increasing in the level).
+  long long lo = -(1ll << 33), hi = 1ll << 33;  // sum(lo) ≥ want is checked by the caller
+  while (hi - lo > 1) {
+    long long const mid = lo + (hi - lo) / 2;
+    if (sum_at(mid) >= want) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  long long const base = sum_at(lo + 1);
+  if (threadIdx.x == 0) { remainder = int(want - base); }
+  __syncthreads();
+  // The margin (requests giving one more at lo than at lo + 1) gets the remainder in index order.
+  using scan = cub::BlockScan<int, Block>;
+  __shared__ typename scan::TempStorage scan_temp;
+  int taken = 0;
+  for (int start = 0; start < n; start += Block) {
+    int const r      = start + int(threadIdx.x);
+    bool const margin = r < n && give(r, lo) > give(r, lo + 1);
+    int rank = 0, count = 0;
+    scan(scan_temp).ExclusiveSum(int(margin), rank, count);
+    if (r < n) {
+      int const t = int(give(r, lo + 1)) + (margin && taken + rank < remainder ? 1 : 0);
+      int const e = seg[r * f_fields + f_eligible];
+      seg[r * f_fields + f_target]    = t;
+      seg[r * f_fields + f_remaining] = t;
+      seg[r * f_fields + f_mode]      = t == 0 ? mode_none : (t >= e ? mode_all : mode_key);
+    }
+    taken += count;
+    __syncthreads();
+  }
+}
+
+template <class Eviction, int Block>
+DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
+{
+  namespace cg     = cooperative_groups;
+  auto grid        = cg::this_grid();
+  auto const& pool = p.pool;
+  auto const& s    = p.scratch;
+  bool const fair  = p.order == reclaim_order::fair_share;
+  int const owner_bits = max(1, resolve::bit_width(std::uint64_t(max(pool.max_requests - 1, 1))));
+  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
+  std::int64_t const first   = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  auto* count                = reinterpret_cast<int*>(s.scalars + s_candidates);
+  auto* scalars              = reinterpret_cast<unsigned long long*>(s.scalars);
+  __shared__ unsigned hist[256];
+  __shared__ unsigned long long kmin, kmax, tmin, tmax;
+  if (threadIdx.x == 0) {
+    kmin = tmin = ~0ull;
+    kmax = tmax = 0;
+  }
+  __syncthreads();
+
+  // 1. Candidates.
+  std::int32_t const limit = *pool.limit;
+  for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < limit; base += threads) {
+    std::int32_t const slot = std::int32_t(base + threadIdx.x);
+    bool const ok           = slot < limit && eligible(pool, slot, p.pin_epoch);
+    int const at            = warp_append(count, ok);
+    if (ok) {
+      std::int32_t const pos   = pool.position[slot];
+      std::int32_t const owner = pool.owner[slot];
+      std::uint64_t const key  = Eviction::eviction_key(pool.state[slot], pos);
+      std::uint64_t const tie  = (std::uint64_t(pos) << owner_bits) | std::uint64_t(owner);
+      pool.keys[slot]          = key;
+      s.candidates[at]         = slot;
+      atomicMin(&kmin, key);
+      atomicMax(&kmax, key);
+      atomicMin(&tmin, tie);
+      atomicMax(&tmax, tie);
+      if (fair) { atomicAdd(&s.segment[owner * f_fields + f_eligible], 1); }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // minima are kept complemented, so that zero is "none yet"
+    atomicMax(scalars + s_key_min, ~kmin);
+    atomicMax(scalars + s_key_max, kmax);
+    atomicMax(scalars + s_tie_min, ~tmin);
+    atomicMax(scalars + s_tie_max, tmax);
+  }
+  grid.sync();
+
+  // 2. Targets.
+  int const n = *count;
+  if (blockIdx.x == 0) {
+    if (fair) {
+      fair_targets<Block>(p, want);
+    } else if (threadIdx.x == 0) {
+      int const t = min(want, n);
+      s.segment[f_target]    = t;
+      s.segment[f_remaining] = t;
+      s.segment[f_eligible]  = n;
+      s.segment[f_mode]      = t == 0 ? mode_none : (t >= n ? mode_all : mode_key);
+    }
+  }
+  std::uint64_t const key_lo = ~scalars[s_key_min], key_hi = scalars[s_key_max];
+  std::uint64_t const tie_lo = ~scalars[s_tie_min], tie_hi = scalars[s_tie_max];
+  int const key_bits         = (resolve::bit_width(key_lo ^ key_hi) + 7) / 8 * 8;
+  int const tie_bits         = (resolve::bit_width(tie_lo ^ tie_hi) + 7) / 8 * 8;
+  std::uint64_t const key_base = key_bits >= 64 ? 0 : key_lo & (~0ull << key_bits);
+  std::uint64_t const tie_base = tie_bits >= 64 ? 0 : tie_lo & (~0ull << tie_bits);
+  for (std::int64_t g = first; g < s.segments; g += threads) {
+    s.prefix[2 * g]     = key_base;
+    s.prefix[2 * g + 1] = tie_base;
+  }
+  grid.sync();
+
+  // 3. Radix select per segment: key digits, then tie-break digits.
+  auto const segment_of = [&](std::int32_t slot) { return fair ? pool.owner[slot] : 0; };
+  auto const tie_of     = [&](std::int32_t slot) {
+    return (std::uint64_t(pool.position[slot]) << owner_bits) | std::uint64_t(pool.owner[slot]);
+  };
+  int pass = 0;
+  for (int level = 0; level < 2; ++level) {
+    int const bits = level == 0 ? key_bits : tie_bits;
+    for (int shift = bits - 8; shift >= 0; shift -= 8, ++pass) {
+      std::uint32_t* h = s.hist + std::size_t(pass & 1) * s.segments * 256;
+      if (!fair) {
+        for (int i = threadIdx.x; i < 256; i += Block) { hist[i] = 0; }
+        __syncthreads();
+      }
+      int const active_mode = level == 0 ? mode_key : mode_tie;
+      for (std::int64_t c = first; c < n; c += threads) {
+        std::int32_t const slot = s.candidates[c];
+        int const g             = segment_of(slot);
+        if (s.segment[g * f_fields + f_mode] != active_mode) { continue; }
+        std::uint64_t const key = pool.keys[slot];
+        std::uint64_t v         = key;
+        if (level == 1) {
+          if (key != s.prefix[2 * g]) { continue; }
+          v = tie_of(slot);
+        }
+        if (((v ^ s.prefix[2 * g + level]) >> shift >> 8) != 0) { continue; }
+        unsigned const d = unsigned(v >> shift) & 255u;
+        if (fair) {
+          atomicAdd(h + std::size_t(g) * 256 + d, 1u);
+        } else {
+          atomicAdd(&hist[d], 1u);
+        }
+      }
+      if (!fair) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < 256; i += Block) {
+          if (hist[i] != 0) { atomicAdd(h + i, hist[i]); }
+        }
+      }
+      grid.sync();
+      if (threadIdx.x < 32) {
+        for (int g = blockIdx.x; g < s.segments; g += gridDim.x) {
+          std::int32_t* rec = s.segment + g * f_fields;
+          if (rec[f_mode] != active_mode) { continue; }
+          unsigned* gh = h + std::size_t(g) * 256;
+          int rem      = rec[f_remaining];
+          int const d  = resolve::pick_digit(gh, rem);
+          unsigned const in_digit = gh[d];
+          __syncwarp();
+          for (int i = threadIdx.x; i < 256; i += 32) { gh[i] = 0; }
+          if (threadIdx.x == 0) {
+            s.prefix[2 * g + level] |= std::uint64_t(d) << shift;
+            rec[f_remaining] = rem;
+            rec[f_ties]      = int(in_digit);
+          }
+        }
+      }
+      grid.sync();
+    }
+    if (level == 0) {
+      // Threshold key found: release all its rows, or select among them by tie-break.
+      for (std::int64_t g = first; g < s.segments; g += threads) {
+        std::int32_t* rec = s.segment + g * f_fields;
+        if (rec[f_mode] != mode_key) { continue; }
+        int const ties = key_bits > 0 ? rec[f_ties] : rec[f_eligible];
+        rec[f_mode]    = rec[f_remaining] == ties ? mode_le_key : mode_tie;
+        if (rec[f_mode] == mode_tie) { atomicOr(reinterpret_cast<int*>(scalars + s_any_tie), 1); }
+      }
+      grid.sync();
+      if (scalars[s_any_tie] == 0) { break; }
+    }
+  }
+
+  // 4. Release.
+  int released = 0;
+  for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < n; base += threads) {
+    std::int64_t const c = base + threadIdx.x;
+    bool take            = false;
+    std::int32_t slot = -1, owner = -1;
+    if (c < n) {
+      slot                      = s.candidates[c];
+      owner                     = pool.owner[slot];
+      std::int32_t const* rec   = s.segment + (fair ? owner : 0) * f_fields;
+      std::uint64_t const key   = pool.keys[slot];
+      std::uint64_t const kstar = s.prefix[2 * (fair ? owner : 0)];
+      switch (rec[f_mode]) {
+        case mode_all: take = true; break;
+        case mode_le_key: take = key <= kstar; break;
+        case mode_tie:
+          take = key < kstar || (key == kstar && tie_of(slot) <= s.prefix[2 * (fair ? owner : 0) + 1]);
+          break;
+        default: break;
+      }
+    }
+    int const at = warp_append(pool.free_count, take);
+    if (take) {
+      *p.map.entry(owner, p.group, pool.position[slot]) = not_resident;
+      pool.owner[slot]    = -1;
+      pool.position[slot] = -1;
+      pool.state[slot]    = 0;
+      pool.touched[slot]  = 0;
+      pool.free_stack[at] = slot;
+      atomicSub(pool.owned_count + owner, 1);
+      ++released;
+    }
+  }
+  __shared__ int block_released;
+  if (threadIdx.x == 0) { block_released = 0; }
+  __syncthreads();
+  if (released != 0) { atomicAdd(&block_released, released); }
+  __syncthreads();
+  if (threadIdx.x == 0 && block_released != 0) {
+    atomicAdd(&pool.counters->reclaimed_rows, static_cast<unsigned long long>(block_released));
+  }
+  grid.sync();
+
+  // 5. Scratch back to zero for the next reclaim.
+  for (std::int64_t i = first; i < std::int64_t(s.segments) * f_fields; i += threads) { s.segment[i] = 0; }
+  for (std::int64_t i = first; i < std::int64_t(s.segments) * 2 * 256; i += threads) { s.hist[i] = 0; }
+  if (first < s_scalars) { scalars[first] = 0; }
+  if (first == 0) { atomicAdd(&pool.counters->reclaims, 1ull); }
+}
+
+/// Explicit reclaim: up to `target_free` free slots.
+template <class Eviction, int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block) reclaim_kernel(reclaim_params p)
+{
+  int const want = p.target_free - *p.pool.free_count;
+  if (want > 0) { run<Eviction, Block>(p, want); }
+}
+
+/// Reclaim inside resolve: when the step's new rows would leave fewer than `low_watermark`
+/// free slots, release what they need plus `batch_extra`.
+template <class Eviction, int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block)
+  resolve_reclaim_kernel(reclaim_params p, resolve::request_need const* need, std::uint32_t const* epoch,
+                         step_batch_ref batch, std::int32_t low_watermark, std::int32_t batch_extra)
+{
+  using reduce = cub::BlockReduce<long long, Block>;
+  __shared__ typename reduce::TempStorage temp;
+  __shared__ long long rows;
+  int const size = *batch.size;
+  long long mine = 0;
+  for (int b = threadIdx.x; b < size; b += Block) {
+    int const spares = p.pool.spare_count[batch.requests[b]];
+    mine += max(0, need[b].misses + need[b].tails - spares);
+  }
+  long long const sum = reduce(temp).Sum(mine);
+  if (threadIdx.x == 0) { rows = sum; }
+  __syncthreads();
+  long long const short_by = rows + low_watermark - *p.pool.free_count;
+  if (short_by <= 0) { return; }
+  p.pin_epoch = *epoch;
+  run<Eviction, Block>(p, int(min(short_by + batch_extra, (long long)p.pool.num_slots)));
+}
+
+/// Blocks of a cooperative launch of `kernel` that fit on the current device at once.
+template <class Kernel>
+int cooperative_blocks(Kernel kernel, int block)
+{
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms * per_sm;
+}
+
+}  // namespace detail::reclaim
+
+inline std::size_t reclaim_scratch_size(std::int32_t num_slots, std::int32_t segments)
+{
+  return detail::reclaim::scratch_bytes(num_slots, segments, nullptr, nullptr);
+}
+
+inline reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, std::int32_t segments)
+{
+  reclaim_scratch_ref s{};
+  detail::reclaim::scratch_bytes(num_slots, segments, &s, memory);
+  return s;
+}
+
+template <class Eviction>
+cudaError_t reclaim_async(reclaim_params const& params, cudaStream_t stream)
+{
+  static_assert(is_eviction_policy_v<Eviction>, "Eviction: see policy/concepts.hpp");
+  namespace rc = detail::reclaim;
+  if (params.order == reclaim_order::none || params.scratch.candidates == nullptr ||
+      (params.order == reclaim_order::fair_share && params.scratch.segments < params.pool.max_requests)) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel      = rc::reclaim_kernel<Eviction, rc::block_size>;
+  int const blocks = params.blocks > 0 ? params.blocks : rc::cooperative_blocks(kernel, rc::block_size);
+  if (blocks <= 0) { return cudaErrorInvalidConfiguration; }
+  reclaim_params p = params;
+  void* args[]     = {&p};
+  cudaError_t const status = cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel), dim3(unsigned(blocks)),
+                                                         dim3(rc::block_size), args, 0, stream);
+  return status != cudaSuccess ? status : detail::check_launch(stream);
+}
+
+}  // namespace dhisparse

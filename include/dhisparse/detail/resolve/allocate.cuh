@@ -1,0 +1,205 @@
+/**
+ * @file detail/resolve/allocate.cuh
+ * @brief Last kernel of resolve: one block per request. Gives its tail rows, then its
+ *        misses (ascending), slots — its spare slots first, then the free pool up to its
+ *        cap, then (per-request budgets) victims among its own rows — maps them, writes
+ *        the plan and the tail slots, and fills the slot-table entries `lookup` left
+ *        pending.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/resolve/common.cuh>
+#include <dhisparse/detail/resolve/victims.cuh>
+#include <dhisparse/detail/resolve/workspace.cuh>
+#include <dhisparse/resolve.cuh>
+#include <dhisparse/status.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace dhisparse::detail::resolve {
+
+/// Where the slot of the i-th new row of a request comes from.
+struct slot_sources {
+  std::int32_t const* spare;       ///< the request's spare stack (top = its last entry)
+  int spares;                      ///< spare slots used
+  int spare_top;                   ///< entries on the spare stack before
+  std::int32_t const* free_stack;
+  int popped;                      ///< slots popped from the free stack
+  int pop_top;                     ///< free-stack size before the pop
+  std::int32_t const* victims;
+
+  DHISPARSE_DEVICE std::int32_t operator()(int i) const
+  {
+    if (i < spares) { return spare[spare_top - 1 - i]; }
+    if (i < spares + popped) { return free_stack[pop_top - 1 - (i - spares)]; }
+    return victims[i - spares - popped];
+  }
+};
+
+/**
+ * Takes up to `want` slots off the free stack (one CAS loop); returns how many, and the
+ * stack size before through `top`. Called by one thread.
+ */
+DHISPARSE_DEVICE inline int pop_free(device_pool_ref const& pool, int want, int& top)
+{
+  int cur  = *reinterpret_cast<int volatile*>(pool.free_count);
+  int take = 0;
+  while (true) {
+    take = min(want, cur);
+    if (take <= 0) {
+      take = 0;
+      break;
+    }
+    int const prev = atomicCAS(pool.free_count, cur, cur - take);
+    if (prev == cur) { break; }
+    cur = prev;
+  }
+  top = cur;
+  return take;
+}
+
+template <class Eviction, class Budget, int Block, class Storage>
+DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view const& w, int b, std::uint32_t epoch,
+                                       Storage& vs)
+{
+  constexpr bool per_request = Budget::kind == budget_kind::per_request;
+  constexpr bool counts      = Eviction::counts_selections;
+  constexpr bool uses_cache  = per_request && Eviction::search == victim_search::smallest_key;
+  __shared__ slot_sources src;
+  __shared__ int found_victims, plan_base;
+  __shared__ std::uint32_t flags;
+  auto const& pool            = p.pool;
+  std::int32_t const r        = p.batch.requests[b];
+  std::int32_t const nq       = p.batch.queries[b];
+  std::int32_t const len      = p.batch.lengths[r];
+  std::int64_t const entries  = w.entries;
+  request_need const need     = w.need[b];
+  int const rows              = need.misses + need.tails;
+  std::int32_t const* misses  = w.misses + std::int64_t(b) * entries;
+  std::int32_t* const victims = w.scratch + std::int64_t(b) * (entries + p.batch.max_queries);
+  std::int32_t const owned_n  = pool.owned_count[r];
+
+  if (threadIdx.x == 0) {
+    std::uint32_t f       = 0;
+    int const spare_top   = pool.spare_count[r];
+    int const spares      = min(spare_top, rows);
+    int want              = rows - spares;
+    if constexpr (per_request) { want = min(want, max(0, p.batch.caps[r] - owned_n)); }
+    int top          = 0;
+    int const popped = want > 0 ? pop_free(pool, want, top) : 0;
+    if (popped < want) { f |= status_pool_exhausted; }
+    src           = slot_sources{pool.spare + std::int64_t(r) * pool.spare_capacity, spares, spare_top,
+                       pool.free_stack, popped, top, victims};
+    found_victims = 0;
+    flags         = f;
+  }
+  __syncthreads();
+  slot_sources const from = src;
+  if constexpr (per_request) {
+    int const evict = rows - from.spares - from.popped;
+    if (evict > 0) {
+      int found = 0;
+      if constexpr (Eviction::search == victim_search::sweep) {
+        found = sweep_victims<Eviction, Block>(pool, r, epoch, evict, victims, vs);
+      } else {
+        found = smallest_key_victims<Eviction, Block>(pool, r, epoch, evict, victims, vs);
+      }
+      if (threadIdx.x == 0) { found_victims = found; }
+    }
+  }
+  __syncthreads();
+  int const found    = found_victims;
+  int const total    = from.spares + from.popped + found;
+  int const tails    = min(need.tails, total);
+  int const assigned = max(0, total - need.tails);  // misses with a slot
+  if (threadIdx.x == 0) {
+    if (total < rows) { flags |= status_budget_exceeded; }
+    plan_base = assigned > 0 ? atomicAdd(p.plan.count, assigned) : 0;
+    pool.spare_count[r] = from.spare_top - from.spares;
+    pool.owned_count[r] = owned_n + from.popped;
+    group_counters* c   = pool.counters;
+    if (assigned > 0) { atomicAdd(&c->fetched_rows, static_cast<unsigned long long>(assigned)); }
+    if (tails > 0) { atomicAdd(&c->tail_rows, static_cast<unsigned long long>(tails)); }
+    if (found > 0) { atomicAdd(&c->evicted_rows, static_cast<unsigned long long>(found)); }
+  }
+  __syncthreads();
+
+  cache_bound bound{};
+  if constexpr (uses_cache) { bound = cache_bound::load(pool.cache, r); }
+  bool stale_cache   = false;
+  std::int32_t* tail_slots = p.tail_slots + std::int64_t(b) * p.batch.max_queries;
+  std::int32_t* owned      = per_request ? pool.owned + std::int64_t(r) * pool.max_owned : nullptr;
+  for (int i = threadIdx.x; i < total; i += Block) {
+    std::int32_t const slot = from(i);
+    bool const tail         = i < need.tails;
+    std::int32_t const pos  = tail ? len + i : misses[i - need.tails];
+    if (i >= from.spares + from.popped) {  // a victim: unmap its row
+      *p.map.entry(r, p.group, pool.position[slot]) = not_resident;
+    } else if (i >= from.spares) {  // from the free stack
+      pool.owner[slot] = r;
+      if constexpr (per_request) { owned[owned_n + (i - from.spares)] = slot; }
+    }
+    pool.position[slot] = pos;
+    pool.touched[slot]  = epoch;
+    pool.dirty[slot]    = tail ? 1u : 0u;
+    if constexpr (!counts) {
+      pool.state[slot] = Eviction::on_insert(selection_context{epoch, pos, 0.f, tail ? 0u : 1u});
+      if constexpr (uses_cache) { stale_cache |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
+    }
+    *p.map.entry(r, p.group, pos) = slot;
+    if (tail) {
+      tail_slots[i] = slot;
+    } else {
+      p.plan.entries[plan_base + (i - need.tails)] = miss_entry{p.host.group_row(r, pos, p.layout), slot, pos};
+    }
+  }
+  for (int j = tails + int(threadIdx.x); j < p.batch.max_queries; j += Block) { tail_slots[j] = -1; }
+  __syncthreads();  // every new row is mapped
+
+  // Entries left pending by lookup: their rows have slots now (or none: -1).
+  std::int32_t const* sel = p.selections + std::int64_t(b) * entries;
+  std::int32_t* table     = p.slot_table + std::int64_t(b) * entries;
+  std::int64_t const live = std::int64_t(nq) * p.top_k;
+  if (rows > 0) {
+    for (std::int64_t i = threadIdx.x; i < live; i += Block) {
+      if (table[i] != pending) { continue; }
+      std::int32_t const* entry = p.map.entry(r, p.group, sel[i]);
+      std::int32_t const slot   = entry != nullptr ? *entry : -1;
+      table[i]                  = slot;
+      if constexpr (counts) {
+        if (slot >= 0) { accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[b * entries + i] : 0.f); }
+      }
+    }
+  }
+  if constexpr (counts) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < total; i += Block) {
+      std::int32_t const slot = from(i);
+      std::int32_t const pos  = pool.position[slot];
+      pool.state[slot]        = Eviction::on_insert(take_selection(pool, slot, epoch, pos));
+      if constexpr (uses_cache) { stale_cache |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
+    }
+  }
+  if constexpr (uses_cache) {
+    if (__syncthreads_or(stale_cache) && threadIdx.x == 0) { invalidate_cache(pool.cache, r); }
+  }
+  if (threadIdx.x == 0 && flags != 0) { atomicOr(p.status, flags); }
+  __syncthreads();  // shared state is reused by the next request of this block
+}
+
+template <class Eviction, class Budget, int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block) allocate_kernel(resolve_params p, workspace_view w)
+{
+  using storage = std::conditional_t<Budget::kind == budget_kind::per_request, victim_storage<Block>, int>;
+  __shared__ storage vs;
+  std::uint32_t const epoch = *w.epoch;
+  if (blockIdx.x == 0 && threadIdx.x == 0) { *p.pool.epoch = epoch; }
+  int const batch = *p.batch.size;
+  for (int b = blockIdx.x; b < batch; b += gridDim.x) {
+    allocate_request<Eviction, Budget, Block>(p, w, b, epoch, vs);
+  }
+}
+
+}  // namespace dhisparse::detail::resolve

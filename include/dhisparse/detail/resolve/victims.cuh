@@ -1,0 +1,457 @@
+/**
+ * @file detail/resolve/victims.cuh
+ * @brief Victim search of per-request budgets (a request at its cap evicts its own rows),
+ *        block-wide, exact: the GPU evicts the rows the host reference evicts.
+ *
+ * Smallest-key policies use the request's *victim cache*: the C smallest (key, position)
+ * of its rows, sorted, found by the last scan. Invariant while the cache is valid: every
+ * row of the request whose current (key, position) is at most the cache's last entry is
+ * in the cache with that key (keys change only when a row is selected or inserted; those
+ * places invalidate the cache when a new key falls below its last entry). A step needing
+ * n victims walks the cache from its head: entries whose row changed since are dropped,
+ * pinned or dirty rows are kept for later steps, the first n others are the victims. Only
+ * when the cache runs out is the owned list scanned again (a radix select of the C
+ * smallest, then a sort of those), so a step needing a few victims costs a few entries.
+ *
+ * The CLOCK policy (`victim_search::sweep`) walks the owned list from the request's hand
+ * instead, in chunks of a block: each chunk's decisions (spare a referenced row by clearing
+ * its bit, evict an unreferenced one) are made in parallel and cut at the n-th victim, which
+ * is exactly the sequential sweep.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/resolve/common.cuh>
+#include <dhisparse/detail/resolve/workspace.cuh>
+
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+namespace dhisparse::detail::resolve {
+
+/// Largest victim cache (entries per request) the rescan sorts in one block.
+inline constexpr int max_cache_entries = 1024;
+
+/// Lexicographic (key, position) order.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool key_less(std::uint64_t ka, std::int32_t pa, std::uint64_t kb,
+                                                     std::int32_t pb)
+{
+  return ka < kb || (ka == kb && pa < pb);
+}
+
+/// Index of the highest set bit + 1 (0 for 0).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int bit_width(std::uint64_t v) { return 64 - __clzll(v); }
+
+/**
+ * Radix-selects the digit where the running count of `hist` (256 bins) reaches
+ * `remaining`; returns it and lowers `remaining` by the counts of the smaller digits. One
+ * warp calls it; every lane gets the result.
+ */
+DHISPARSE_DEVICE inline int pick_digit(unsigned const* hist, int& remaining)
+{
+  int const lane = threadIdx.x & 31;
+  unsigned local[8];
+  unsigned sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    local[i] = hist[lane * 8 + i];
+    sum += local[i];
+  }
+  unsigned incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    unsigned const v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    if (lane >= o) { incl += v; }
+  }
+  unsigned const excl    = incl - sum;
+  bool const here        = excl < unsigned(remaining) && incl >= unsigned(remaining);
+  unsigned const ballot  = __ballot_sync(0xFFFFFFFFu, here);
+  int const owner        = ballot != 0 ? __ffs(ballot) - 1 : 31;
+  int digit              = 0;
+  unsigned before        = 0;
+  if (lane == owner) {
+    unsigned acc = excl;
+    int d        = 0;
+    while (d < 7 && acc + local[d] < unsigned(remaining)) { acc += local[d++]; }
+    digit  = lane * 8 + d;
+    before = acc;
+  }
+  digit     = __shfl_sync(0xFFFFFFFFu, digit, owner);
+  before    = __shfl_sync(0xFFFFFFFFu, before, owner);
+  remaining -= int(before);
+  return digit;
+}
+
+/**
+ * Block-wide radix select of one level: among the values `value(i, v)` yields (true: a
+ * candidate), narrows `prefix` (whose bits above `bits` are fixed) digit by digit to the
+ * value where the running count reaches `remaining`, which it lowers by the count of
+ * smaller values.
+ */
+template <int Block, class Value>
+DHISPARSE_DEVICE void block_radix_level(int n, int bits, Value value, std::uint64_t& prefix, int& remaining)
+{
+  __shared__ unsigned hist[256];
+  __shared__ std::uint64_t shared_prefix;
+  __shared__ int shared_remaining;
+  if (threadIdx.x == 0) {
+    shared_prefix    = prefix;
+    shared_remaining = remaining;
+  }
+  for (int shift = bits - 8; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += Block) { hist[i] = 0; }
+    __syncthreads();
+    std::uint64_t const want = shared_prefix;
+    for (int i = threadIdx.x; i < n; i += Block) {
+      std::uint64_t v = 0;
+      if (value(i, v) && ((v ^ want) >> shift >> 8) == 0) { atomicAdd(&hist[(v >> shift) & 255], 1u); }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      int rem     = shared_remaining;
+      int const d = pick_digit(hist, rem);
+      if (threadIdx.x == 0) {
+        shared_prefix |= std::uint64_t(d) << shift;
+        shared_remaining = rem;
+      }
+    }
+    __syncthreads();  // hist and the prefix are read before the next digit rewrites them
+  }
+  __syncthreads();
+  prefix    = shared_prefix;
+  remaining = shared_remaining;
+  __syncthreads();
+}
+
+/**
+ * Block-wide: of the candidates i in [0, n) for which `get(i, key, tie)` returns true,
+ * finds (K, T) such that exactly `want` of them have (key, tie) ≤ (K, T) — (key, tie)
+ * pairs are distinct and more than `want` candidates exist. `kmin`, `kmax` bound their keys.
+ */
+template <int Block, class Get>
+DHISPARSE_DEVICE void block_threshold(int n, int want, std::uint64_t kmin, std::uint64_t kmax, Get get,
+                                      std::uint64_t& out_key, std::uint32_t& out_tie)
+{
+  __shared__ int ties;
+  __shared__ std::uint32_t tmin, tmax;
+  if (threadIdx.x == 0) {
+    ties = 0;
+    tmin = 0xFFFFFFFFu;
+    tmax = 0;
+  }
+  int const key_bits = (bit_width(kmin ^ kmax) + 7) / 8 * 8;
+  std::uint64_t key_star = key_bits >= 64 ? 0 : kmin & (~std::uint64_t{0} << key_bits);
+  int remaining          = want;
+  block_radix_level<Block>(
+    n, key_bits,
+    [&](int i, std::uint64_t& v) {
+      std::uint32_t tie = 0;
+      return get(i, v, tie);
+    },
+    key_star, remaining);
+  // The tie-break among the rows with the threshold key.
+  for (int i = threadIdx.x; i < n; i += Block) {
+    std::uint64_t key = 0;
+    std::uint32_t tie = 0;
+    if (get(i, key, tie) && key == key_star) {
+      atomicAdd(&ties, 1);
+      atomicMin(&tmin, tie);
+      atomicMax(&tmax, tie);
+    }
+  }
+  __syncthreads();
+  out_key = key_star;
+  if (remaining == ties) {
+    out_tie = 0xFFFFFFFFu;
+    return;
+  }
+  int const tie_bits    = (bit_width(std::uint64_t(tmin ^ tmax)) + 7) / 8 * 8;
+  std::uint64_t tie_star = tie_bits >= 32 ? 0 : tmin & (~0u << tie_bits);
+  block_radix_level<Block>(
+    n, tie_bits,
+    [&](int i, std::uint64_t& v) {
+      std::uint64_t key = 0;
+      std::uint32_t tie = 0;
+      bool const ok     = get(i, key, tie) && key == key_star;
+      v                 = tie;
+      return ok;
+    },
+    tie_star, remaining);
+  out_tie = std::uint32_t(tie_star);
+}
+
+/// Shared memory of the per-request victim search.
+template <int Block>
+struct victim_storage {
+  static constexpr int per_thread = max_cache_entries / Block;
+  using sort = cub::BlockRadixSort<std::uint64_t, Block, per_thread, int>;
+  using scan = cub::BlockScan<int, Block>;
+  union {
+    typename sort::TempStorage sort;
+    typename scan::TempStorage scan;
+  } temp;
+  std::uint64_t key[max_cache_entries];
+  std::int32_t slot[max_cache_entries];
+  std::int32_t position[max_cache_entries];
+  std::uint64_t kmin, kmax;
+  int count, cut, taken;
+};
+
+/**
+ * Fills request r's victim cache with the C smallest (key, position) of its rows — or of
+ * those above (`after_key`, `after_pos`) when `deep` — sorted. Block-wide. Every row's key
+ * is left in `pool.keys[slot]`.
+ */
+template <class Eviction, int Block>
+DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool deep, std::uint64_t after_key,
+                             std::int32_t after_pos, victim_storage<Block>& s)
+{
+  victim_cache_ref const& cache = pool.cache;
+  std::int32_t const n          = pool.owned_count[r];
+  std::int32_t const* owned     = pool.owned + std::int64_t(r) * pool.max_owned;
+  int const capacity            = cache.capacity;
+  if (threadIdx.x == 0) {
+    s.kmin  = ~std::uint64_t{0};
+    s.kmax  = 0;
+    s.count = 0;
+  }
+  __syncthreads();
+  int mine = 0;
+  for (int i = threadIdx.x; i < n; i += Block) {
+    std::int32_t const slot = owned[i];
+    std::int32_t const pos  = pool.position[slot];
+    if (pos < 0) { continue; }
+    std::uint64_t const key = Eviction::eviction_key(pool.state[slot], pos);
+    pool.keys[slot]         = key;
+    if (deep && !key_less(after_key, after_pos, key, pos)) { continue; }
+    ++mine;
+    atomicMin(reinterpret_cast<unsigned long long*>(&s.kmin), key);
+    atomicMax(reinterpret_cast<unsigned long long*>(&s.kmax), key);
+  }
+  atomicAdd(&s.count, mine);
+  __syncthreads();
+  int const total = s.count;
+  auto const get  = [&](int i, std::uint64_t& key, std::uint32_t& tie) {
+    std::int32_t const slot = owned[i];
+    std::int32_t const pos  = pool.position[slot];
+    if (pos < 0) { return false; }
+    key = pool.keys[slot];
+    tie = std::uint32_t(pos);
+    return !deep || key_less(after_key, after_pos, key, pos);
+  };
+  std::uint64_t tkey = ~std::uint64_t{0};
+  std::uint32_t ttie = 0xFFFFFFFFu;
+  if (total > capacity) { block_threshold<Block>(n, capacity, s.kmin, s.kmax, get, tkey, ttie); }
+  // Compact the chosen rows (owned-list order), then sort them by (key, position).
+  int written = 0;
+  for (int base = 0; base < n; base += Block) {
+    int const i       = base + int(threadIdx.x);
+    std::uint64_t key = 0;
+    std::uint32_t tie = 0;
+    bool const take   = i < n && get(i, key, tie) && (key < tkey || (key == tkey && tie <= ttie));
+    int offset = 0, sum = 0;
+    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(int(take), offset, sum);
+    if (take) {
+      s.key[written + offset]      = key;
+      s.position[written + offset] = std::int32_t(tie);
+      s.slot[written + offset]     = owned[i];
+    }
+    written += sum;
+    __syncthreads();
+  }
+  int const m        = written;
+  int constexpr per  = victim_storage<Block>::per_thread;
+  std::uint64_t k[per];
+  int v[per];
+#pragma unroll
+  for (int j = 0; j < per; ++j) {
+    int const e = int(threadIdx.x) * per + j;
+    k[j]        = e < m ? std::uint64_t(std::uint32_t(s.position[e])) : ~std::uint64_t{0};
+    v[j]        = e;
+  }
+  typename victim_storage<Block>::sort(s.temp.sort).Sort(k, v, 0, 32);
+  __syncthreads();
+  int const key_bits = bit_width(s.kmax - s.kmin);
+#pragma unroll
+  for (int j = 0; j < per; ++j) { k[j] = v[j] < m ? s.key[v[j]] - s.kmin : ~std::uint64_t{0}; }
+  if (key_bits > 0) { typename victim_storage<Block>::sort(s.temp.sort).Sort(k, v, 0, key_bits); }
+  std::int64_t const base = std::int64_t(r) * capacity;
+#pragma unroll
+  for (int j = 0; j < per; ++j) {
+    int const e = int(threadIdx.x) * per + j;
+    if (e < m) {
+      cache.slot[base + e]     = s.slot[v[j]];
+      cache.position[base + e] = s.position[v[j]];
+      cache.key[base + e]      = s.key[v[j]];
+    }
+  }
+  if (threadIdx.x == 0) {
+    cache.head[r]  = 0;
+    cache.count[r] = m;
+    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);
+  }
+  __syncthreads();
+}
+
+/**
+ * Walks request r's victim cache from its head, appending up to `need - found` victims to
+ * `victims` (each gets `touched = epoch`, so later searches of this step skip it). Pinned
+ * and dirty rows stay in the cache; changed rows are dropped. Returns the new `found`.
+ * Sets `exhausted` when the cache ran out first. Block-wide.
+ */
+template <class Eviction, int Block>
+DHISPARSE_DEVICE int walk_cache(device_pool_ref const& pool, std::int32_t r, std::uint32_t epoch, int need,
+                                int found, std::int32_t* victims, bool& exhausted, victim_storage<Block>& s)
+{
+  victim_cache_ref const& cache = pool.cache;
+  std::int64_t const base       = std::int64_t(r) * cache.capacity;
+  int const count               = cache.count[r];
+  int at                        = cache.head[r];
+  int kept                      = 0;  // blocked entries, buffered in s.key/slot/position
+  bool overflow                 = false;
+  while (found < need && at < count) {
+    int const e       = at + int(threadIdx.x);
+    bool valid = false, blocked = false;
+    std::int32_t slot = -1, pos = -1;
+    std::uint64_t key = 0;
+    if (e < count) {
+      slot  = cache.slot[base + e];
+      pos   = cache.position[base + e];
+      key   = cache.key[base + e];
+      valid = pool.owner[slot] == r && pool.position[slot] == pos &&
+              Eviction::eviction_key(pool.state[slot], pos) == key;
+      blocked = valid && (pool.touched[slot] == epoch || pool.dirty[slot] != 0);
+    }
+    bool const victim = valid && !blocked;
+    int rank = 0, total = 0;
+    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(int(victim), rank, total);
+    int const take = min(total, need - found);
+    if (threadIdx.x == 0) { s.cut = min(Block, count - at); }
+    __syncthreads();
+    // Taking the last victim needed ends the chunk right after it.
+    if (victim && take > 0 && rank == take - 1 && take == need - found) { s.cut = int(threadIdx.x) + 1; }
+    __syncthreads();
+    int const cut = s.cut;
+    bool const consumed = int(threadIdx.x) < cut;
+    if (consumed && victim && rank < take) {
+      victims[found + rank] = slot;
+      pool.touched[slot]    = epoch;
+    }
+    int krank = 0, ktotal = 0;
+    __syncthreads();
+    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(int(consumed && blocked), krank, ktotal);
+    if (consumed && blocked) {
+      int const at_kept = kept + krank;
+      if (at_kept < max_cache_entries) {
+        s.key[at_kept]      = key;
+        s.slot[at_kept]     = slot;
+        s.position[at_kept] = pos;
+      }
+    }
+    kept += ktotal;
+    overflow |= kept > max_cache_entries;
+    found += take;
+    at += cut;
+    __syncthreads();
+  }
+  // Kept entries go back right before the unconsumed ones (inside the consumed range).
+  int const head = at - min(kept, max_cache_entries);
+  for (int i = threadIdx.x; i < kept && i < max_cache_entries; i += Block) {
+    cache.slot[base + head + i]     = s.slot[i];
+    cache.position[base + head + i] = s.position[i];
+    cache.key[base + head + i]      = s.key[i];
+  }
+  if (threadIdx.x == 0) {
+    cache.head[r] = head;
+    if (overflow) { cache.flags[r] = 0; }
+  }
+  exhausted = found < need;
+  __syncthreads();
+  return found;
+}
+
+/**
+ * Smallest-key victims of request r: the cache, rescanned when invalid, and scanned
+ * deeper (past its last entry) when pinned and dirty rows fill it. Block-wide; returns the
+ * number of victims found (fewer than `need` only when the request has no more).
+ */
+template <class Eviction, int Block>
+DHISPARSE_DEVICE int smallest_key_victims(device_pool_ref const& pool, std::int32_t r, std::uint32_t epoch,
+                                          int need, std::int32_t* victims, victim_storage<Block>& s)
+{
+  victim_cache_ref const& cache = pool.cache;
+  int found                     = 0;
+  bool deep                     = false;
+  std::uint64_t after_key       = 0;
+  std::int32_t after_pos        = 0;
+  int const rounds              = pool.owned_count[r] / cache.capacity + 2;
+  for (int round = 0; round < rounds && found < need; ++round) {
+    if ((cache.flags[r] & 1u) == 0 || deep) { rescan<Eviction, Block>(pool, r, deep, after_key, after_pos, s); }
+    bool exhausted = false;
+    found          = walk_cache<Eviction, Block>(pool, r, epoch, need, found, victims, exhausted, s);
+    if (!exhausted || (cache.flags[r] & 2u) != 0) { break; }
+    int const last = cache.count[r] - 1;
+    if (last < 0) { break; }
+    after_key = cache.key[std::int64_t(r) * cache.capacity + last];
+    after_pos = cache.position[std::int64_t(r) * cache.capacity + last];
+    deep      = true;
+    __syncthreads();
+  }
+  if (deep && threadIdx.x == 0) { cache.flags[r] = 0; }  // a deep cache lacks the rows below it
+  __syncthreads();
+  return found;
+}
+
+/**
+ * CLOCK victims of request r: the hand sweeps its owned list, at most twice around.
+ * Block-wide; returns the number of victims found.
+ */
+template <class Eviction, int Block>
+DHISPARSE_DEVICE int sweep_victims(device_pool_ref const& pool, std::int32_t r, std::uint32_t epoch, int need,
+                                   std::int32_t* victims, victim_storage<Block>& s)
+{
+  std::int32_t const n = pool.owned_count[r];
+  if (n == 0 || need == 0) { return 0; }
+  std::int32_t const* owned = pool.owned + std::int64_t(r) * pool.max_owned;
+  int hand                  = pool.hand[r] % n;
+  int found                 = 0;
+  int const limit           = 2 * n;
+  for (int steps = 0; found < need && steps < limit;) {
+    int const chunk = min(Block, min(n, limit - steps));
+    int const i     = int(threadIdx.x);
+    bool usable = false, referenced = false;
+    std::int32_t slot = -1;
+    if (i < chunk) {
+      slot                   = owned[(hand + i) % n];
+      std::int32_t const pos = pool.position[slot];
+      usable     = pos >= 0 && pool.touched[slot] != epoch && pool.dirty[slot] == 0;
+      referenced = usable && Eviction::referenced(pool.state[slot]);
+    }
+    bool const victim = usable && !referenced;
+    int rank = 0, total = 0;
+    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(int(victim), rank, total);
+    int const take = min(total, need - found);
+    if (threadIdx.x == 0) { s.cut = chunk; }
+    __syncthreads();
+    if (victim && take > 0 && rank == take - 1 && take == need - found) { s.cut = i + 1; }
+    __syncthreads();
+    int const cut = s.cut;
+    if (i < cut) {
+      if (referenced) { pool.state[slot] = Eviction::clear_reference(pool.state[slot]); }
+      if (victim && rank < take) {
+        victims[found + rank] = slot;
+        pool.touched[slot]    = epoch;
+      }
+    }
+    found += take;
+    hand = (hand + cut) % n;
+    steps += cut;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) { pool.hand[r] = hand; }
+  return found;
+}
+
+}  // namespace dhisparse::detail::resolve

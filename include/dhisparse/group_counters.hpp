@@ -1,0 +1,33 @@
+/**
+ * @file group_counters.hpp
+ * @brief What a layer group's step kernels count: selected, fetched, evicted, reclaimed,
+ *        prewarmed and backed-up rows (plain C++; the GPU keeps them in device memory).
+ */
+#pragma once
+
+#include <type_traits>
+
+namespace dhisparse {
+
+/// Counters of one layer group since construction. On the GPU they live in device memory
+/// and are updated by the step's kernels (`kv_hierarchy::read_counters` copies them
+/// without synchronizing the step stream); the host reference keeps the same numbers.
+struct group_counters {
+  unsigned long long selected_rows;   ///< distinct committed rows selected (hits + fetched)
+  unsigned long long fetched_rows;    ///< rows copied host → device by the plan of resolve
+  unsigned long long tail_rows;       ///< tail rows given a slot
+  unsigned long long evicted_rows;    ///< rows evicted by a request at its cap
+  unsigned long long reclaimed_rows;  ///< optional rows released by reclaim (0 bytes moved)
+  unsigned long long reclaims;        ///< reclaim passes run
+  unsigned long long prewarmed_rows;  ///< rows brought in by prewarm
+  unsigned long long backed_up_rows;  ///< rows copied device → host by backup
+
+  /// Fraction of selected rows that had to be fetched from the host store.
+  [[nodiscard]] double fetch_fraction() const noexcept
+  {
+    return selected_rows == 0 ? 0.0 : double(fetched_rows) / double(selected_rows);
+  }
+};
+static_assert(std::is_trivially_copyable_v<group_counters>);
+
+}  // namespace dhisparse
