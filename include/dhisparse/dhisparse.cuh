@@ -32,3 +32,5 @@
 #include <dhisparse/sparse_attention.cuh>
 #include <dhisparse/verify.cuh>
 #include <dhisparse/draft_ring.cuh>
+#include <dhisparse/trace.hpp>
+#include <dhisparse/trace_recorder.cuh>
