@@ -396,6 +396,25 @@ class kv_hierarchy {
   void resolve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream,
                float const* scores = nullptr)
   {
+    resolve_rows(group, selections, top_k, stream, scores, false);
+  }
+
+  /**
+   * @brief `resolve` and `retrieve` of one group in the same launch(es): each request's block
+   *        copies its own missed rows (all layers of the group) right after allocating them.
+   *        The lowest latency when nothing needs to overlap the copy; `retrieve(g)` may still
+   *        replay the plan (e.g. for a layer range).
+   */
+  void resolve_and_retrieve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream,
+                            float const* scores = nullptr)
+  {
+    resolve_rows(group, selections, top_k, stream, scores, true);
+  }
+
+ private:
+  void resolve_rows(int group, std::int32_t const* selections, int top_k, cudaStream_t stream, float const* scores,
+                    bool fetch)
+  {
     requests_.check_resolve(group, selections, top_k);
     DHISPARSE_EXPECTS(!Eviction::needs_scores || scores != nullptr,
                       "resolve: the eviction policy needs per-selection scores (scores is null)");
@@ -416,6 +435,7 @@ class kv_hierarchy {
     p.status      = status_.data();
     p.reclaim_low_watermark = config_.reclaim_low_watermark;
     p.reclaim_batch         = detail::reclaim_batch(config_);
+    p.fetch_rows            = fetch;
     if constexpr (reclaims) {
       p.reclaim        = reclaim_scratch_[group];
       p.reclaim_blocks = reclaim_blocks_;
@@ -423,6 +443,8 @@ class kv_hierarchy {
     DHISPARSE_CUDA_TRY(
       (resolve_async<Eviction, Budget>(p, workspaces_[group % 2].data(), workspace_bytes_, stream)));
   }
+
+ public:
 
   /**
    * @brief Copies the rows missed by the last resolve of `group` into its slab, for the

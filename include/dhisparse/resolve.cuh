@@ -25,7 +25,8 @@
  *    slots of the request first, then the free pool up to its cap, then (per-request
  *    budgets) its own rows that are neither pinned nor dirty, in the eviction policy's
  *    order; every miss becomes a plan entry (host row → slot) and every tail row a dirty
- *    slot (`tail_slots`); the slot table gets every entry's slot.
+ *    slot (`tail_slots`); the slot table gets every entry's slot. With `fetch_rows` the
+ *    block also copies its missed rows.
  * After `retrieve` has copied the plan, every slot in the slot table holds exactly the
  * committed bytes of its (request, position) for every layer of the group. Rows of batch
  * entries b ≥ the batch size are not written; rows of queries q ≥ Q_b are -1.
@@ -73,6 +74,9 @@ struct resolve_params {
   /// Blocks of the cooperative reclaim kernel (0: computed at launch).
   std::int32_t reclaim_blocks;
   reclaim_scratch_ref reclaim;     ///< shared budgets: the pool's reclaim scratch
+  /// Copy the missed rows in the same launch (each request's block copies its own), so
+  /// that no `retrieve` is needed; the plan is written as well, for replays.
+  bool fetch_rows;
 };
 
 /**
@@ -81,8 +85,8 @@ struct resolve_params {
 std::size_t resolve_workspace_size(int max_batch, int max_queries, int top_k, int max_context);
 
 /**
- * @brief Enqueues the resolve of one group on `stream`: two kernels, three with a shared
- *        budget (no allocation, no host synchronisation, fixed launch shapes).
+ * @brief Enqueues the resolve of one group on `stream`: two kernels, three with a budget
+ *        that reclaims (no allocation, no host synchronisation, fixed launch shapes).
  * @tparam Eviction eviction policy, @tparam Budget budget policy (policy/concepts.hpp)
  * @param workspace at least `resolve_workspace_size(…)` bytes of device memory, 256-byte
  *                  aligned, all zero before its first use (every resolve leaves it so);

@@ -167,7 +167,7 @@ TEST_CASE("adaptive residency keeps rows while the pool is spare, and reclaims i
   t.set_batch({1, 2}, {1, 1});
   for (int s = 0; s < 5; ++s) { t.step(rng, K, nullptr, true); }  // eager warm-up
 
-  decltype(t)::layers_graph layers(t, K);
+  decltype(t)::layers_graph layers(t, K, true);  // resolve_and_retrieve: the copy inside allocate
   int const steps = 12 * test_scale();
   for (int s = 0; s < steps; ++s) {
     if (s == steps / 2) {  // load arrives: three more requests share the pool

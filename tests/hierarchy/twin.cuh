@@ -269,8 +269,12 @@ class twin {
       d_scores_.upload_prefix(scores);
       d_scores = d_scores_.data();
     }
-    gpu_.resolve(g, d_selections_.data(), top_k, stream_, d_scores);
-    gpu_.retrieve(g, stream_);
+    if (fuse_rng_() % 2 == 0) {  // both paths: resolve then retrieve, and the fused launch
+      gpu_.resolve(g, d_selections_.data(), top_k, stream_, d_scores);
+      gpu_.retrieve(g, stream_);
+    } else {
+      gpu_.resolve_and_retrieve(g, d_selections_.data(), top_k, stream_, d_scores);
+    }
     ref_.resolve(g, sel.data(), top_k, scores.empty() ? nullptr : scores.data());
     ref_.retrieve(g);
     compare(g, sel, top_k);
@@ -313,18 +317,22 @@ class twin {
   /**
    * The (resolve, retrieve, model writes its tails) part of a step, every group, captured
    * once in a CUDA graph over fixed selection buffers and replayed with new selections;
-   * commit and backup stay the caller's.
+   * commit and backup stay the caller's. `fused`: resolve_and_retrieve instead.
    */
   class layers_graph {
    public:
-    layers_graph(twin& t, int top_k) : t_{t}, top_k_{top_k}
+    layers_graph(twin& t, int top_k, bool fused = false) : t_{t}, top_k_{top_k}
     {
       int const groups = t.config_.num_groups();
       for (int g = 0; g < groups; ++g) { d_sel_.emplace_back(t.config_.step_entries()); }
       DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(t.stream_, cudaStreamCaptureModeThreadLocal));
       for (int g = 0; g < groups; ++g) {
-        t.gpu_.resolve(g, d_sel_[g].data(), top_k, t.stream_);
-        t.gpu_.retrieve(g, t.stream_);
+        if (fused) {
+          t.gpu_.resolve_and_retrieve(g, d_sel_[g].data(), top_k, t.stream_);
+        } else {
+          t.gpu_.resolve(g, d_sel_[g].data(), top_k, t.stream_);
+          t.gpu_.retrieve(g, t.stream_);
+        }
         t.write_tails_gpu(g);
       }
       DHISPARSE_CUDA_TRY(cudaStreamEndCapture(t.stream_, &graph_));
@@ -587,6 +595,7 @@ class twin {
   ref_type ref_;
   selection_style style_{};
   std::mt19937_64 score_rng_{12345};
+  std::mt19937_64 fuse_rng_{54321};
   device_vector<std::int32_t> d_selections_, d_accepted_;
   device_vector<float> d_scores_;
   std::vector<device_vector<std::byte>> d_tail_rows_;  // per group

@@ -204,7 +204,11 @@ class kv_hierarchy {
     ledger_.set_limit(group, limit);
   }
 
-  [[nodiscard]] std::int64_t pool_limit(int group) const { return ledger_.limit(group); }
+  [[nodiscard]] std::int64_t pool_limit(int group) const
+  {
+    table_.check_group(group, "pool_limit");
+    return ledger_.limit(group);
+  }
 
   /// Reference of `kv_hierarchy::reclaim`.
   void reclaim(int group, std::int32_t free_slots)
@@ -467,9 +471,9 @@ class kv_hierarchy {
   // ---- views ----------------------------------------------------------------------------
 
   /// Slot table of the last resolve of `group`: [max_batch][max_queries][top_k].
-  [[nodiscard]] std::int32_t const* slot_table(int group) const { return groups_.at(group).slot_table.data(); }
+  [[nodiscard]] std::int32_t const* slot_table(int group) const { return group_at(group, "slot_table").slot_table.data(); }
   /// Tail slots of the last resolve of `group`: [max_batch][max_queries], -1 = none.
-  [[nodiscard]] std::int32_t const* tail_slots(int group) const { return groups_.at(group).tail_slots.data(); }
+  [[nodiscard]] std::int32_t const* tail_slots(int group) const { return group_at(group, "tail_slots").tail_slots.data(); }
   /// Rows of one layer of `group`'s slab.
   [[nodiscard]] layer_view layer_rows(int group, int layer)
   {
@@ -478,13 +482,13 @@ class kv_hierarchy {
     return {gs.slab.data() + std::size_t(layer) * RowFormat::bytes, gs.row_bytes};
   }
   /// Rows fetched by the last resolve of `group`.
-  [[nodiscard]] std::vector<miss> const& misses(int group) const { return groups_.at(group).misses; }
+  [[nodiscard]] std::vector<miss> const& misses(int group) const { return group_at(group, "misses").misses; }
   /// Positions of request `id` resident in `group`, ascending.
   [[nodiscard]] std::vector<std::int32_t> resident_positions(request_id id, int group) const
   {
     int const index = table_.index_of(id, "resident_positions");
     std::vector<std::int32_t> out;
-    auto const& map = groups_.at(group).map[index];
+    auto const& map = group_at(group, "resident_positions").map[index];
     for (std::size_t p = 0; p < map.size(); ++p) {
       if (map[p] >= 0) { out.push_back(std::int32_t(p)); }
     }
@@ -493,13 +497,16 @@ class kv_hierarchy {
   /// Slots of `group` owned by some request (resident rows and spare slots).
   [[nodiscard]] std::int64_t owned_slots(int group) const
   {
-    auto const& gs = groups_.at(group);
+    auto const& gs = group_at(group, "owned_slots");
     return std::count_if(gs.owner.begin(), gs.owner.end(), [](std::int32_t o) { return o >= 0; });
   }
   /// Free slots of `group`.
-  [[nodiscard]] std::int64_t free_slots(int group) const { return std::int64_t(groups_.at(group).free_stack.size()); }
+  [[nodiscard]] std::int64_t free_slots(int group) const
+  {
+    return std::int64_t(group_at(group, "free_slots").free_stack.size());
+  }
   /// Counters of `group` (see `group_counters`).
-  [[nodiscard]] group_counters const& counters(int group) const { return groups_.at(group).counters; }
+  [[nodiscard]] group_counters const& counters(int group) const { return group_at(group, "counters").counters; }
   /// Committed length of request `id`.
   [[nodiscard]] std::int32_t length(request_id id) const { return requests_[table_.index_of(id, "length")].length; }
   [[nodiscard]] int request_index(request_id id) const { return table_.index_of(id, "request_index"); }
@@ -557,6 +564,13 @@ class kv_hierarchy {
     }
   };
 
+  /// The state of `group`; throws `dhisparse::error` naming `what` when out of range.
+  group_state const& group_at(int group, char const* what) const
+  {
+    table_.check_group(group, what);
+    return groups_[std::size_t(group)];
+  }
+
   static void clear_slot(group_state& gs, std::int32_t s)
   {
     gs.owner[s] = gs.position[s] = -1;
@@ -572,6 +586,10 @@ class kv_hierarchy {
       std::int32_t const pos = gs.position[s];
       if (pos < 0 || gs.touched[s] == epoch || gs.dirty[s] != 0) { continue; }
       candidates.emplace_back(Eviction::eviction_key(gs.state[s], pos), pos, s);
+    }
+    if (std::size_t(n) < candidates.size()) {
+      std::nth_element(candidates.begin(), candidates.begin() + n, candidates.end());
+      candidates.resize(std::size_t(n));
     }
     std::sort(candidates.begin(), candidates.end());
     std::vector<std::int32_t> out;
@@ -624,7 +642,6 @@ class kv_hierarchy {
       rows.emplace_back(Eviction::eviction_key(gs.state[s], pos), (std::uint64_t(pos) << owner_bits) | owner, s);
       ++eligible[owner];
     }
-    std::sort(rows.begin(), rows.end());
     std::vector<std::int32_t> released;
     if (Budget::reclaim == reclaim_order::fair_share) {
       auto const give = [&](int r, long long level) {
@@ -650,15 +667,30 @@ class kv_hierarchy {
           --remainder;
         }
       }
-      for (auto const& row : rows) {
-        std::int32_t const s = std::get<2>(row);
-        if (target[gs.owner[s]] > 0) {
-          --target[gs.owner[s]];
-          released.push_back(s);
-        }
+      // Each owner's target smallest rows (bucket by owner, select), then in global order.
+      std::vector<std::size_t> begin(config_.max_requests + 1, 0);
+      for (int r = 0; r < config_.max_requests; ++r) { begin[r + 1] = begin[r] + eligible[r]; }
+      std::vector<std::tuple<std::uint64_t, std::uint64_t, std::int32_t>> bucketed(rows.size());
+      std::vector<std::size_t> fill(begin.begin(), begin.end() - 1);
+      for (auto const& row : rows) { bucketed[fill[gs.owner[std::get<2>(row)]]++] = row; }
+      std::vector<std::tuple<std::uint64_t, std::uint64_t, std::int32_t>> picked;
+      for (int r = 0; r < config_.max_requests; ++r) {
+        auto const b = bucketed.begin() + std::ptrdiff_t(begin[r]);
+        auto const e = bucketed.begin() + std::ptrdiff_t(begin[r + 1]);
+        auto const t = std::min<long long>(target[r], e - b);
+        if (t <= 0) { continue; }
+        std::nth_element(b, b + t, e);
+        picked.insert(picked.end(), b, b + t);
       }
+      std::sort(picked.begin(), picked.end());
+      for (auto const& row : picked) { released.push_back(std::get<2>(row)); }
     } else {
-      for (std::size_t i = 0; i < rows.size() && i < std::size_t(want); ++i) { released.push_back(std::get<2>(rows[i])); }
+      if (std::size_t(want) < rows.size()) {
+        std::nth_element(rows.begin(), rows.begin() + want, rows.end());
+        rows.resize(std::size_t(want));
+      }
+      std::sort(rows.begin(), rows.end());
+      for (auto const& row : rows) { released.push_back(std::get<2>(row)); }
     }
     for (std::int32_t s : released) {
       std::int32_t const owner = gs.owner[s];

@@ -60,6 +60,40 @@ DHISPARSE_DEVICE inline int pop_free(device_pool_ref const& pool, int want, int&
   return take;
 }
 
+/**
+ * Copies the group rows of plan entries [0, n) host → device, block-wide: the flattened
+ * (row, 16-byte vector) pairs are spread over the threads, `Unroll` loads in flight each.
+ */
+template <int Block, int Unroll = 4>
+DHISPARSE_DEVICE void block_copy_rows(miss_entry const* entries, int n, std::byte* slab, std::size_t group_row_bytes)
+{
+  int const vectors        = int(group_row_bytes / 16);
+  std::int64_t const total = std::int64_t(n) * vectors;
+  for (std::int64_t base = threadIdx.x; base < total; base += std::int64_t(Block) * Unroll) {
+    int4 v[Unroll];
+    int4* dst[Unroll];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) {
+      std::int64_t const i = base + std::int64_t(u) * Block;
+      dst[u]               = nullptr;
+      if (i < total) {
+        miss_entry const& e = entries[i / vectors];
+        int const vec       = int(i % vectors);
+        v[u]                = reinterpret_cast<int4 const*>(e.src)[vec];
+        dst[u] = reinterpret_cast<int4*>(slab + std::size_t(e.slot) * group_row_bytes) + vec;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) {
+      if (dst[u] != nullptr) { *dst[u] = v[u]; }
+    }
+  }
+}
+
+/**
+ * The allocation of batch entry b (see the file comment); with `p.fetch_rows` the block
+ * also copies its missed rows.
+ */
 template <class Eviction, class Budget, int Block, class Storage>
 DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view const& w, int b, std::uint32_t epoch,
                                        Storage& vs)
@@ -156,7 +190,10 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
     }
   }
   for (int j = tails + int(threadIdx.x); j < p.batch.max_queries; j += Block) { tail_slots[j] = -1; }
-  __syncthreads();  // every new row is mapped
+  __syncthreads();  // every new row is mapped, every plan entry written
+  if (p.fetch_rows && assigned > 0) {
+    block_copy_rows<Block>(p.plan.entries + plan_base, assigned, pool.slab, pool.group_row_bytes);
+  }
 
   // Entries left pending by lookup: their rows have slots now (or none: -1).
   std::int32_t const* sel = p.selections + std::int64_t(b) * entries;

@@ -20,7 +20,6 @@
 #include <cstdint>
 
 namespace dhisparse {
-
 inline std::size_t resolve_workspace_size(int max_batch, int max_queries, int top_k, int max_context)
 {
   std::size_t bytes = 0;

@@ -197,6 +197,7 @@ struct victim_storage {
   std::int32_t position[max_cache_entries];
   std::uint64_t kmin, kmax;
   int count, cut, taken;
+  std::int32_t max_position;
 };
 
 /**
@@ -213,9 +214,10 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
   std::int32_t const* owned     = pool.owned + std::int64_t(r) * pool.max_owned;
   int const capacity            = cache.capacity;
   if (threadIdx.x == 0) {
-    s.kmin  = ~std::uint64_t{0};
-    s.kmax  = 0;
-    s.count = 0;
+    s.kmin         = ~std::uint64_t{0};
+    s.kmax         = 0;
+    s.count        = 0;
+    s.max_position = 0;
   }
   __syncthreads();
   int mine = 0;
@@ -257,6 +259,7 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
       s.key[written + offset]      = key;
       s.position[written + offset] = std::int32_t(tie);
       s.slot[written + offset]     = owned[i];
+      atomicMax(&s.max_position, std::int32_t(tie));
     }
     written += sum;
     __syncthreads();
@@ -265,18 +268,31 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
   int constexpr per  = victim_storage<Block>::per_thread;
   std::uint64_t k[per];
   int v[per];
+  // Sort by (key, position): one radix sort of ((key − min) << position bits | position)
+  // when that fits 64 bits (LRU's keys span a few hundred epochs), else by position and
+  // then, stably, by key.
+  int const key_bits = bit_width(s.kmax - s.kmin);
+  int const pos_bits = max(1, bit_width(std::uint64_t(s.max_position)));
+  bool const packed  = key_bits + pos_bits <= 64;
 #pragma unroll
   for (int j = 0; j < per; ++j) {
     int const e = int(threadIdx.x) * per + j;
-    k[j]        = e < m ? std::uint64_t(std::uint32_t(s.position[e])) : ~std::uint64_t{0};
     v[j]        = e;
+    if (e >= m) {
+      k[j] = ~std::uint64_t{0};
+    } else if (packed) {
+      k[j] = ((s.key[e] - s.kmin) << pos_bits) | std::uint64_t(std::uint32_t(s.position[e]));
+    } else {
+      k[j] = std::uint64_t(std::uint32_t(s.position[e]));
+    }
   }
-  typename victim_storage<Block>::sort(s.temp.sort).Sort(k, v, 0, 32);
-  __syncthreads();
-  int const key_bits = bit_width(s.kmax - s.kmin);
+  typename victim_storage<Block>::sort(s.temp.sort).Sort(k, v, 0, packed ? key_bits + pos_bits : 32);
+  if (!packed) {
+    __syncthreads();
 #pragma unroll
-  for (int j = 0; j < per; ++j) { k[j] = v[j] < m ? s.key[v[j]] - s.kmin : ~std::uint64_t{0}; }
-  if (key_bits > 0) { typename victim_storage<Block>::sort(s.temp.sort).Sort(k, v, 0, key_bits); }
+    for (int j = 0; j < per; ++j) { k[j] = v[j] < m ? s.key[v[j]] - s.kmin : ~std::uint64_t{0}; }
+    typename victim_storage<Block>::sort(s.temp.sort).Sort(k, v, 0, key_bits);
+  }
   std::int64_t const base = std::int64_t(r) * capacity;
 #pragma unroll
   for (int j = 0; j < per; ++j) {
