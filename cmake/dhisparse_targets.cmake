@@ -9,6 +9,14 @@ function(dhisparse_set_target_options target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr -lineinfo>)
+  # DHISPARSE_SANITIZE: C++ translation units only (nvcc's host compiler is left alone), and
+  # the runtime linked where the C++ compiler links (GPU executables link through nvcc and
+  # get none; compute-sanitizer checks those: scripts/sanitize_gpu.sh).
+  if(DHISPARSE_SANITIZE)
+    set(sanitize -fsanitize=${DHISPARSE_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${sanitize}>")
+    target_link_options(${target} PRIVATE "$<$<LINK_LANGUAGE:CXX>:${sanitize}>")
+  endif()
 endfunction()
 
 # An executable built from CUDA and/or C++ sources.
