@@ -16,6 +16,16 @@
 
 namespace dhisparse {
 
+/// Most selected positions of one request in one step: Qmax × K (resolve's per-request
+/// union; `hierarchy_config::validate` and trace shapes enforce it).
+inline constexpr std::int64_t max_request_selections = 16384;
+/// Most layers of all layer groups together (keeps every per-slot and per-row byte count
+/// of a configuration far from overflowing).
+inline constexpr std::int64_t max_total_layers = std::int64_t{1} << 16;
+/// Most committed rows one layer group's dirty list holds between two backups:
+/// max_batch × max_queries × backup_interval_steps must fit a 32-bit slot count.
+inline constexpr std::int64_t max_dirty_rows = (std::int64_t{1} << 31) - 1;
+
 /// The engine's id of a request (any 64-bit value). A strong type: it cannot be mixed up
 /// with positions or slots.
 enum class request_id : std::uint64_t {};
@@ -42,6 +52,10 @@ struct host_store_config {
   void* caller_memory        = nullptr;  ///< with host_memory::caller
   std::size_t caller_bytes   = 0;        ///< with host_memory::caller
   bool caller_memory_registered = false; ///< caller memory is already pinned / registered
+  /// NUMA node of the pages (pinned and huge_pages memory; Linux): -1 (`numa_device_local`,
+  /// the default) the node closest to the current GPU where the machine has several,
+  /// -2 (`numa_unbound`) no binding, ≥ 0 that node. See host_store.cuh and `host_store::numa()`.
+  int numa_node = -1;
 };
 
 /**
@@ -78,9 +92,12 @@ struct hierarchy_config {
   std::vector<void*> slab_memory{};
 
   [[nodiscard]] int num_groups() const noexcept { return int(group_layers.size()); }
+  /// Layers of all groups (at most `max_total_layers` in a configuration `validate` accepts).
   [[nodiscard]] int total_layers() const noexcept
   {
-    return std::accumulate(group_layers.begin(), group_layers.end(), 0);
+    // Summed in 64 bits: an unvalidated configuration gives a wrapped value, never
+    // undefined behaviour.
+    return int(std::accumulate(group_layers.begin(), group_layers.end(), std::int64_t{0}));
   }
   /// Entries of one step's selection / slot table: max_batch × max_queries × max_top_k.
   [[nodiscard]] std::size_t step_entries() const noexcept
@@ -98,18 +115,23 @@ inline bool is_power_of_two(long long v) { return v > 0 && (v & (v - 1)) == 0; }
 inline void validate(hierarchy_config const& c)
 {
   DHISPARSE_EXPECTS(!c.group_layers.empty(), "hierarchy_config.group_layers is empty");
+  std::int64_t layers = 0;
   for (std::size_t g = 0; g < c.group_layers.size(); ++g) {
     DHISPARSE_EXPECTS(c.group_layers[g] > 0, "hierarchy_config.group_layers[" +
                                                std::to_string(g) + "] must be positive");
+    layers += c.group_layers[g];  // at most 2^31 terms of at most 2^31 - 1: no overflow
+    DHISPARSE_EXPECTS(layers <= max_total_layers, "hierarchy_config.group_layers: more than " +
+                                                    std::to_string(max_total_layers) + " layers in all");
   }
   DHISPARSE_EXPECTS(c.max_requests > 0, "hierarchy_config.max_requests must be positive");
   DHISPARSE_EXPECTS(c.max_batch > 0 && c.max_batch <= c.max_requests,
                     "hierarchy_config.max_batch must be in [1, max_requests]");
   DHISPARSE_EXPECTS(c.max_queries > 0, "hierarchy_config.max_queries must be positive");
   DHISPARSE_EXPECTS(c.max_top_k > 0, "hierarchy_config.max_top_k must be positive");
-  DHISPARSE_EXPECTS(std::int64_t(c.max_queries) * c.max_top_k <= 16384,
+  DHISPARSE_EXPECTS(std::int64_t(c.max_queries) * c.max_top_k <= max_request_selections,
                     "hierarchy_config: max_queries × max_top_k (" +
-                      std::to_string(std::int64_t(c.max_queries) * c.max_top_k) + ") must be at most 16384");
+                      std::to_string(std::int64_t(c.max_queries) * c.max_top_k) + ") must be at most " +
+                      std::to_string(max_request_selections));
   DHISPARSE_EXPECTS(c.max_context > 0, "hierarchy_config.max_context must be positive");
   DHISPARSE_EXPECTS(is_power_of_two(c.map_page_positions),
                     "hierarchy_config.map_page_positions must be a power of two");
@@ -118,6 +140,12 @@ inline void validate(hierarchy_config const& c)
   DHISPARSE_EXPECTS(c.host.capacity_pages > 0, "hierarchy_config.host.capacity_pages must be positive");
   DHISPARSE_EXPECTS(c.backup_interval_steps > 0,
                     "hierarchy_config.backup_interval_steps must be positive");
+  // max_batch ≤ max_requests < 2^31 and max_queries ≤ 16384 were checked: no overflow.
+  std::int64_t const dirty = std::int64_t(c.max_batch) * c.max_queries;
+  DHISPARSE_EXPECTS(c.backup_interval_steps <= max_dirty_rows / dirty,
+                    "hierarchy_config.backup_interval_steps (" + std::to_string(c.backup_interval_steps) +
+                      "): the dirty list of max_batch × max_queries × backup_interval_steps rows must hold at most " +
+                      std::to_string(max_dirty_rows) + " rows");
   DHISPARSE_EXPECTS(c.reclaim_low_watermark >= 0, "hierarchy_config.reclaim_low_watermark must not be negative");
   DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),
                     "hierarchy_config.slab_memory must be empty or hold one slab per group");

@@ -88,6 +88,11 @@ struct shape {
     DHISPARSE_EXPECTS(max_requests > 0, "trace::shape.max_requests must be positive");
     DHISPARSE_EXPECTS(max_queries > 0, "trace::shape.max_queries must be positive");
     DHISPARSE_EXPECTS(top_k > 0, "trace::shape.top_k must be positive");
+    // What a hierarchy can replay; it also bounds the padding of a record (every query row
+    // of a step_record holds max_queries × top_k entries per request, stored or not).
+    DHISPARSE_EXPECTS(std::int64_t(max_queries) * top_k <= max_request_selections,
+                      "trace::shape: max_queries × top_k (" + std::to_string(std::int64_t(max_queries) * top_k) +
+                        ") must be at most " + std::to_string(max_request_selections));
   }
   /// Entries of one group's part of a step of `requests` requests: requests × max_queries × top_k.
   [[nodiscard]] std::size_t group_entries(int requests) const
@@ -493,11 +498,17 @@ class reader {
                       where + ": unknown header flags " + std::to_string(flags) + " or reserved bits set");
     shape_.scores   = (flags & 1u) != 0;
     shape_.accepted = (flags & 2u) != 0;
+    DHISPARSE_EXPECTS(std::int64_t(shape_.max_queries) * shape_.top_k <= max_request_selections,
+                      where + ": header fields max_queries × top_k = " +
+                        std::to_string(std::int64_t(shape_.max_queries) * shape_.top_k) + " exceed " +
+                        std::to_string(max_request_selections));
     steps_          = detail::get_le<std::uint64_t>(h + 40);
     payload_        = detail::get_le<std::uint64_t>(h + 48);
     std::uint64_t const checksum = detail::get_le<std::uint64_t>(h + 56);
     DHISPARSE_EXPECTS(payload_ != unfinished_payload,
                       where + ": unfinished: the writer was never closed (no step count or checksum)");
+    DHISPARSE_EXPECTS(steps_ > 0 || payload_ == 0,
+                      where + ": the header declares no steps but " + std::to_string(payload_) + " payload bytes");
     std::uint64_t const body = file_bytes - header_bytes;
     DHISPARSE_EXPECTS(body >= payload_, where + ": truncated: the header declares " + std::to_string(payload_) +
                                           " payload bytes, the file holds " + std::to_string(body));
@@ -575,10 +586,15 @@ class reader {
     DHISPARSE_EXPECTS(count <= std::uint32_t(shape_.max_requests),
                       at + ": " + std::to_string(count) + " requests, not in [0, max_requests = " +
                         std::to_string(shape_.max_requests) + "]");
+    // Nothing is allocated before the payload is known to hold it: the request table and
+    // the stored rows are checked against the bytes left first. The padded arrays are then
+    // at most max_queries (≤ max_request_selections) times the stored rows.
+    std::size_t const table_bytes = std::size_t(count) * request_entry_bytes;
+    require(table_bytes, at);
     step_record rec;
     rec.step = index;
     rec.requests.resize(count);
-    std::vector<unsigned char> table(std::size_t(count) * request_entry_bytes);
+    std::vector<unsigned char> table(table_bytes);
     consume(table.data(), table.size(), at);
     for (std::uint32_t r = 0; r < count; ++r) {
       unsigned char const* e = table.data() + std::size_t(r) * request_entry_bytes;
@@ -590,13 +606,21 @@ class reader {
                         at + ", request " + std::to_string(r) + ": reserved field is not zero");
     }
     detail::check_requests(shape_, rec.requests.data(), count, index, where);
-    std::size_t const k     = std::size_t(shape_.top_k);
+    std::size_t const k = std::size_t(shape_.top_k);
+    // stored ≤ count × max_request_selections < 2^47: the products below cannot overflow
+    // once groups is bounded by the payload left (by division).
+    std::size_t stored = 0;
+    for (auto const& q : rec.requests) { stored += std::size_t(q.queries) * k; }
+    std::uint64_t const group_bytes = std::uint64_t(stored) * 4 * (shape_.scores ? 2 : 1);
+    std::uint64_t const left        = payload_ - offset_;
+    DHISPARSE_EXPECTS(group_bytes == 0 || std::uint64_t(shape_.groups) <= left / group_bytes,
+                      at + ": record needs " + std::to_string(shape_.groups) + " groups × " +
+                        std::to_string(group_bytes) + " bytes, only " + std::to_string(left) +
+                        " remain in the payload (inconsistent record)");
+    std::size_t const bytes = std::size_t(group_bytes) * std::size_t(shape_.groups);
     std::size_t const total = shape_.group_entries(int(count)) * std::size_t(shape_.groups);
     rec.positions.assign(total, -1);
     if (shape_.scores) { rec.scores.assign(total, 0.0f); }
-    std::size_t stored = 0;
-    for (auto const& q : rec.requests) { stored += std::size_t(q.queries) * k; }
-    std::size_t const bytes = stored * 4 * std::size_t(shape_.groups) * (shape_.scores ? 2 : 1);
     std::vector<unsigned char> data(bytes);
     consume(data.data(), bytes, at);
     unsigned char const* in = data.data();
@@ -629,12 +653,17 @@ class reader {
     std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
     return buf;
   }
-  /// Reads the next `bytes` bytes of a record, which must lie within the declared payload.
-  void consume(void* out, std::size_t bytes, std::string const& at)
+  /// Throws unless the next `bytes` bytes of a record lie within the declared payload.
+  void require(std::size_t bytes, std::string const& at) const
   {
     DHISPARSE_EXPECTS(bytes <= payload_ - offset_, at + ": record needs " + std::to_string(bytes) + " bytes, only " +
                                                      std::to_string(payload_ - offset_) +
                                                      " remain in the payload (inconsistent record)");
+  }
+  /// Reads the next `bytes` bytes of a record, which must lie within the declared payload.
+  void consume(void* out, std::size_t bytes, std::string const& at)
+  {
+    require(bytes, at);
     read_exact(out, bytes, at);
     offset_ += bytes;
   }

@@ -95,12 +95,15 @@ struct budget_inputs {
  *        selections (Qmax × K, or every position it has), its Qmax tail rows, the rows
  *        committed since the last backup (Qmax per step), and up to Qmax rejected tail
  *        slots kept for reuse.
+ *
+ * Computed in 64 bits throughout: every term is at most 2^31 × 2^31, so any `int` inputs
+ * give a correct (non-negative for non-negative inputs) floor.
  */
 DHISPARSE_HOST_DEVICE constexpr std::int64_t essential_floor(budget_inputs in) noexcept
 {
   std::int64_t const selections = std::int64_t(in.max_queries) * in.max_top_k;
   return (in.capacity < selections ? in.capacity : selections) +
-         std::int64_t(in.max_queries) * (in.backup_interval_steps + 2);
+         std::int64_t(in.max_queries) * (std::int64_t(in.backup_interval_steps) + 2);
 }
 
 /// A cap that never binds.

@@ -12,8 +12,10 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/status.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace dhisparse {
@@ -152,6 +154,20 @@ inline std::string describe_verify_status(std::uint32_t bits)
   return detail::join_set_bits(bits, table, "; ");
 }
 
+namespace detail::verify {
+
+/// True when `capacity` × `rows` × `stride` elements (every offset a call computes from
+/// these, `layout::of`'s default strides included) fit `std::int64_t`. Checked by division,
+/// so the check itself cannot overflow; `capacity`, `rows` and `stride` are non-negative.
+inline bool extent_fits(std::int64_t capacity, std::int64_t rows, std::int64_t stride)
+{
+  std::int64_t const most = std::numeric_limits<std::int64_t>::max();
+  std::int64_t const n    = std::max<std::int64_t>(capacity, 1) * std::max<std::int64_t>(rows, 1);  // < 2^40
+  return stride <= most / n;
+}
+
+}  // namespace detail::verify
+
 /**
  * @brief Checks the host-visible arguments (shapes, pointers, strides, tolerance) of a
  *        verification call; returns a message naming the first bad argument, or an empty
@@ -183,8 +199,14 @@ inline std::string verify_params_problem(verify_params const& a)
     return bad("p_row_stride is smaller than vocab");
   }
   std::int64_t const p_row = a.p_row_stride ? a.p_row_stride : a.vocab;
+  if (!detail::verify::extent_fits(a.capacity, rows_p, p_row)) {
+    return bad("p_row_stride is too large: capacity × (max_drafts + 1) rows overflow 64-bit offsets");
+  }
   if (a.p_request_stride < 0 || (a.p_request_stride > 0 && a.p_request_stride < rows_p * p_row)) {
     return bad("p_request_stride is smaller than (max_drafts + 1) rows");
+  }
+  if (!detail::verify::extent_fits(a.capacity, 1, a.p_request_stride)) {
+    return bad("p_request_stride is too large: capacity requests overflow 64-bit offsets");
   }
   if (sampling) {
     if (a.rng == nullptr) { return bad("rng is null (sampling needs {seed, offset} in device memory)"); }
@@ -194,8 +216,14 @@ inline std::string verify_params_problem(verify_params const& a)
         return bad("q_row_stride is smaller than vocab");
       }
       std::int64_t const q_row = a.q_row_stride ? a.q_row_stride : a.vocab;
+      if (!detail::verify::extent_fits(a.capacity, rows_q, q_row)) {
+        return bad("q_row_stride is too large: capacity × the rows of q overflow 64-bit offsets");
+      }
       if (a.q_request_stride < 0 || (a.q_request_stride > 0 && a.q_request_stride < rows_q * q_row)) {
         return bad("q_request_stride is smaller than the rows of q");
+      }
+      if (!detail::verify::extent_fits(a.capacity, 1, a.q_request_stride)) {
+        return bad("q_request_stride is too large: capacity requests overflow 64-bit offsets");
       }
     } else if (a.distribution == draft_distribution::candidates) {
       if (a.num_candidates <= 0 || a.num_candidates > max_verify_candidates) {
