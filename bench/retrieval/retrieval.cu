@@ -1,55 +1,85 @@
-// bench/retrieval: the exact gather of missed rows (retrieve_async) host → GPU, against
-// pinned cudaMemcpyAsync measured in the same run (BENCH.md "retrieval").
+// bench/retrieval: the exact gather of missed rows (retrieve_async) host → GPU on synthetic
+// plans, against pinned cudaMemcpyAsync measured in the same run (BENCH.md "retrieval").
+// bench_retrieval_realistic runs the same gather on plans from the real resolve.
 //
-// For each row size (656, 1152, 2624 = one 4-layer group of 656-byte rows, 4096) and
-// rows per call (4K, 36K, 262K): a miss plan of distinct random rows of a pinned pool,
-// in random order and sorted by host address, gathered into a device slab. Plans rotate
-// between repetitions. Reported: median time, GB/s of rows moved, and the ratio to the
-// pinned memcpy bandwidth (1 GiB contiguous copy).
+// For each host memory kind (--memory pinned|huge|both; pinned = cudaHostAlloc, huge =
+// mmap + MADV_HUGEPAGE + cudaHostRegister; NUMA-local where the machine has several nodes),
+// row size (656, 1152, 2624 = one 4-layer group of 656-byte rows, 4096) and rows per call
+// (4K, 36K, 262K): miss plans of distinct random rows of the pool, gathered into a device
+// slab in five ways:
+//   random               plan in random order, default lanes per row (16 for 656 B)
+//   random_warp_per_row  the same with one warp per row (the kernel before issue 15)
+//   sorted               plan sorted by host address on the host, default lanes
+//   sorted_warp_per_row  the same with one warp per row
+//   ordered_on_device    the random plan ordered by order_plan_async, then gathered
+//                        (the time includes the ordering)
+// Plans rotate between repetitions and L2 is flushed before each timed call. Reported:
+// median time, GB/s of rows moved, the ratio to pinned memcpy (1 GiB contiguous copy).
 #include <dhisparse/retrieve.cuh>
 
-#include <common/bench.cuh>
+#include <retrieval/common.cuh>
 
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace dhisparse;
+namespace rb = dhisparse::bench::retrieval;
+
+namespace {
+
+struct variant {
+  char const* name;
+  bool sorted;         ///< plan sorted by address on the host
+  int lanes;           ///< retrieve_params::lanes_per_row
+  bool device_order;   ///< order_plan_async before the gather (timed)
+};
+
+}  // namespace
 
 int main(int argc, char** argv)
 {
-  auto const opt = bench::options::parse(argc, argv);
+  auto const f   = rb::flags::parse(argc, argv);
+  auto const& opt = f.opt;
   cudaStream_t stream;
   DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  std::size_t const pool_bytes = opt.quick ? (std::size_t{256} << 20) : (std::size_t{4} << 30);
-  std::vector<std::size_t> const row_sizes = {656, 1152, 2624, 4096};
-  std::vector<int> const row_counts = opt.quick ? std::vector<int>{4096, 36864}
-                                                : std::vector<int>{4096, 36864, 262144};
+  std::size_t const pool_bytes = f.store_gib > 0 ? std::size_t(f.store_gib * double(1ull << 30)) / 4096 * 4096
+                                 : opt.quick     ? (std::size_t{256} << 20)
+                                                 : (std::size_t{4} << 30);
+  std::vector<int> const row_sizes = !f.rows.empty() ? f.rows : std::vector<int>{656, 1152, 2624, 4096};
+  std::vector<int> const row_counts = opt.quick ? std::vector<int>{4096, 36864} : std::vector<int>{4096, 36864, 262144};
+  std::vector<variant> const variants = {{"random", false, 0, false},
+                                         {"random_warp_per_row", false, 32, false},
+                                         {"sorted", true, 0, false},
+                                         {"sorted_warp_per_row", true, 32, false},
+                                         {"ordered_on_device", false, 0, true}};
   int const rotations = 3;
 
   double const memcpy_gbps = bench::measure_h2d_memcpy_gbps(std::size_t{1} << 30, stream);
   std::printf("device: %s   date: %s\n", bench::device_name().c_str(), bench::today().c_str());
   std::printf("pinned host->device cudaMemcpyAsync (1 GiB): %.1f GB/s\n", memcpy_gbps);
-  std::printf("pinned pool: %.1f GiB\n\n", double(pool_bytes) / (1 << 30));
-
-  std::byte* pool = nullptr;
-  DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes,
-                                   cudaHostAllocMapped | cudaHostAllocPortable));
-  for (std::size_t i = 0; i < pool_bytes; i += 4096) { pool[i] = std::byte(i >> 12); }
-  std::byte* pool_dev = nullptr;
-  DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
+  std::printf("pool: %.2f GiB; plans rotate (%d), L2 flushed before each timed call\n",
+              double(pool_bytes) / (1 << 30), rotations);
 
   int const max_rows = *std::max_element(row_counts.begin(), row_counts.end());
+  int const max_row  = *std::max_element(row_sizes.begin(), row_sizes.end());
   std::byte* slab    = nullptr;
-  std::size_t const slab_bytes = std::size_t(max_rows) * row_sizes.back();
-  DHISPARSE_CUDA_TRY(cudaMalloc(&slab, slab_bytes));
-  miss_entry* entries = nullptr;
-  DHISPARSE_CUDA_TRY(cudaMalloc(&entries, sizeof(miss_entry) * max_rows * rotations));
+  DHISPARSE_CUDA_TRY(cudaMalloc(&slab, std::size_t(max_rows) * std::size_t(max_row)));
+  std::size_t const plan_entries = std::size_t(max_rows) * rotations;
+  miss_entry *entries = nullptr, *pristine = nullptr;
+  DHISPARSE_CUDA_TRY(cudaMalloc(&entries, sizeof(miss_entry) * plan_entries));
+  DHISPARSE_CUDA_TRY(cudaMalloc(&pristine, sizeof(miss_entry) * plan_entries));
   std::int32_t* counts = nullptr;
   DHISPARSE_CUDA_TRY(cudaMalloc(&counts, sizeof(std::int32_t) * rotations));
+  std::size_t const ws_bytes = order_plan_workspace_size(pool_bytes, max_rows);
+  void* ws                   = nullptr;
+  DHISPARSE_CUDA_TRY(cudaMalloc(&ws, ws_bytes));
+  DHISPARSE_CUDA_TRY(cudaMemset(ws, 0, ws_bytes));
+  rb::l2_flush flush;
 
   bench::json_report report("retrieval");
   report.set("device", bench::device_name());
@@ -57,14 +87,24 @@ int main(int argc, char** argv)
   report.set("memcpy_h2d_gbps", memcpy_gbps);
   report.set("pool_bytes", double(pool_bytes));
 
-  std::printf("%8s %8s %9s %10s %9s %8s\n", "row_B", "rows", "order", "median_ms", "GB/s", "vs_memcpy");
+  bool all_exact = true;
   std::mt19937_64 rng(12345);
-  for (std::size_t row_bytes : row_sizes) {
-    std::size_t const pool_rows = pool_bytes / row_bytes;
-    for (int rows : row_counts) {
-      for (bool sorted : {false, true}) {
+  for (host_memory memory : f.memories) {
+    auto const mem = rb::host_memory_of(memory, pool_bytes);
+    rb::fill(mem.device(), pool_bytes, stream);
+    std::printf("\npool memory: %s (%s); NUMA: %s\n", rb::memory_name(memory), rb::memory_how(memory),
+                mem.numa().describe().c_str());
+    std::printf("%8s %8s %-20s %10s %9s %8s\n", "row_B", "rows", "order", "median_us", "GB/s", "of_memcpy");
+    for (int row_bytes : row_sizes) {
+      if (row_bytes % 16 != 0) {
+        std::printf("%8d: skipped (rows are multiples of 16 bytes)\n", row_bytes);
+        continue;
+      }
+      std::size_t const pool_rows = pool_bytes / std::size_t(row_bytes);
+      for (int rows : row_counts) {
+        if (std::size_t(rows) > pool_rows / 2) { continue; }
         // `rotations` plans of distinct random rows; slots are a permutation.
-        std::vector<miss_entry> host_entries(std::size_t(rows) * rotations);
+        std::vector<miss_entry> random_plans(std::size_t(rows) * rotations), sorted_plans;
         for (int r = 0; r < rotations; ++r) {
           std::vector<std::size_t> picks;
           std::vector<char> used(pool_rows, 0);
@@ -75,74 +115,85 @@ int main(int argc, char** argv)
               picks.push_back(p);
             }
           }
-          if (sorted) { std::sort(picks.begin(), picks.end()); }
-          std::vector<std::int32_t> slots(rows);
+          std::vector<std::int32_t> slots(static_cast<std::size_t>(rows));
           std::iota(slots.begin(), slots.end(), 0);
           std::shuffle(slots.begin(), slots.end(), rng);
           for (int i = 0; i < rows; ++i) {
-            host_entries[std::size_t(r) * rows + i] =
-              miss_entry{pool_dev + picks[i] * row_bytes, slots[i], std::int32_t(i)};
+            random_plans[std::size_t(r) * rows + i] =
+              miss_entry{mem.device() + picks[std::size_t(i)] * std::size_t(row_bytes), slots[std::size_t(i)], i};
           }
         }
-        DHISPARSE_CUDA_TRY(cudaMemcpy(entries, host_entries.data(),
-                                      sizeof(miss_entry) * host_entries.size(), cudaMemcpyHostToDevice));
-        std::vector<std::int32_t> host_counts(rotations, rows);
-        DHISPARSE_CUDA_TRY(cudaMemcpy(counts, host_counts.data(), sizeof(std::int32_t) * rotations,
-                                      cudaMemcpyHostToDevice));
-        auto const ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
-          int const r = rep % rotations;
-          retrieve_params p{};
-          p.plan            = {entries + std::size_t(r) * rows, counts + r, rows};
-          p.slab            = slab;
-          p.group_row_bytes = row_bytes;
-          p.byte_begin      = 0;
-          p.byte_end        = row_bytes;
-          DHISPARSE_CUDA_TRY(retrieve_async(p, 0, stream));
-        });
-        double const med  = bench::median(ms);
-        double const gbps = double(rows) * row_bytes / (med * 1e6);
-        char const* order = sorted ? "sorted" : "random";
-        std::printf("%8zu %8d %9s %10.4f %9.1f %8.2f\n", row_bytes, rows, order, med, gbps, gbps / memcpy_gbps);
-        report.add_record();
-        report.field("row_bytes", double(row_bytes));
-        report.field("rows", double(rows));
-        report.field("order", order);
-        report.field("median_ms", med);
-        report.field("gbps", gbps);
-        report.field("fraction_of_memcpy", gbps / memcpy_gbps);
+        sorted_plans = random_plans;
+        for (int r = 0; r < rotations; ++r) {
+          std::sort(sorted_plans.begin() + std::ptrdiff_t(r) * rows, sorted_plans.begin() + std::ptrdiff_t(r + 1) * rows,
+                    [](miss_entry const& a, miss_entry const& b) { return a.src < b.src; });
+        }
+        std::vector<std::int32_t> const host_counts(rotations, rows);
+        DHISPARSE_CUDA_TRY(cudaMemcpy(counts, host_counts.data(), sizeof(std::int32_t) * rotations, cudaMemcpyHostToDevice));
+        for (variant const& v : variants) {
+          auto const& plans = v.sorted ? sorted_plans : random_plans;
+          DHISPARSE_CUDA_TRY(cudaMemcpy(pristine, plans.data(), sizeof(miss_entry) * plans.size(), cudaMemcpyHostToDevice));
+          auto params = [&](int r) {
+            retrieve_params p{};
+            p.plan            = {entries + std::size_t(r) * rows, counts + r, rows};
+            p.slab            = slab;
+            p.group_row_bytes = std::size_t(row_bytes);
+            p.byte_begin      = 0;
+            p.byte_end        = std::size_t(row_bytes);
+            p.lanes_per_row   = v.lanes;
+            return p;
+          };
+          auto const ms = rb::time_prepared_ms(
+            stream, opt.warmup, opt.reps,
+            [&](int rep) {
+              int const r = rep % rotations;
+              DHISPARSE_CUDA_TRY(cudaMemcpyAsync(entries + std::size_t(r) * rows, pristine + std::size_t(r) * rows,
+                                                 sizeof(miss_entry) * std::size_t(rows), cudaMemcpyDeviceToDevice, stream));
+              flush(stream);
+            },
+            [&](int rep) {
+              retrieve_params const p = params(rep % rotations);
+              if (v.device_order) {
+                plan_order_params const o{p.plan, mem.device(), pool_bytes, 0};
+                DHISPARSE_CUDA_TRY(retrieve_async(p, o, ws, ws_bytes, 0, stream));
+              } else {
+                DHISPARSE_CUDA_TRY(retrieve_async(p, 0, stream));
+              }
+            });
+          double const us   = rb::median_us(ms);
+          double const gbps = double(rows) * row_bytes / (us * 1e3);
+          std::printf("%8d %8d %-20s %10.1f %9.1f %8.2f\n", row_bytes, rows, v.name, us, gbps, gbps / memcpy_gbps);
+          report.add_record();
+          report.field("memory", rb::memory_name(memory));
+          report.field("row_bytes", double(row_bytes));
+          report.field("rows", double(rows));
+          report.field("order", v.name);
+          report.field("lanes_per_row", double(v.lanes));
+          report.field("median_us", us);
+          report.field("gbps", gbps);
+          report.field("of_memcpy", gbps / memcpy_gbps);
+          // Gathered rows of the last call (all, or 64 Ki spread over the plan; the plan is
+          // ordered now when the variant orders) against the pool.
+          if (rows == row_counts.back() || v.device_order) {
+            retrieve_params const p = params((opt.warmup + opt.reps - 1) % rotations);
+            std::int64_t const wrong =
+              rb::wrong_rows(p.plan, slab, std::size_t(row_bytes), mem.host(), mem.device(), stream, 65536);
+            all_exact = all_exact && wrong == 0;
+            report.field("wrong_rows", double(wrong));
+            if (wrong != 0) { std::printf("  MISMATCH: %lld rows differ\n", static_cast<long long>(wrong)); }
+          }
+        }
       }
     }
   }
-  // Correctness spot check of the last configuration: gather rotation 0 once more and
-  // compare every gathered row with its source in the pool.
-  {
-    int const rows = row_counts.back();
-    std::size_t const row_bytes = row_sizes.back();
-    retrieve_params p{};
-    p.plan            = {entries, counts, rows};
-    p.slab            = slab;
-    p.group_row_bytes = row_bytes;
-    p.byte_begin      = 0;
-    p.byte_end        = row_bytes;
-    DHISPARSE_CUDA_TRY(retrieve_async(p, 0, stream));
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    std::vector<miss_entry> plan(rows);
-    DHISPARSE_CUDA_TRY(cudaMemcpy(plan.data(), entries, sizeof(miss_entry) * rows, cudaMemcpyDeviceToHost));
-    std::vector<std::byte> got(std::size_t(rows) * row_bytes);
-    DHISPARSE_CUDA_TRY(cudaMemcpy(got.data(), slab, got.size(), cudaMemcpyDeviceToHost));
-    bool same = true;
-    for (auto const& e : plan) {
-      std::byte const* want = pool + (e.src - pool_dev);
-      same = same && std::equal(want, want + row_bytes, got.data() + std::size_t(e.slot) * row_bytes);
-    }
-    std::printf("\ncheck of every gathered row of the last plan: %s\n", same ? "exact" : "MISMATCH");
-    if (!same) { return 1; }
-  }
+  std::printf("\ncheck of gathered rows against the pool: %s\n", all_exact ? "exact" : "MISMATCH");
+  report.set("exact", all_exact ? 1.0 : 0.0);
   report.write(opt.json_path);
+  cudaFree(ws);
   cudaFree(counts);
+  cudaFree(pristine);
   cudaFree(entries);
   cudaFree(slab);
-  cudaFreeHost(pool);
   cudaStreamDestroy(stream);
-  return 0;
+  return all_exact ? 0 : 1;
 }

@@ -22,11 +22,18 @@
  * transparent huge pages (`mmap` + `madvise` + `cudaHostRegister`), or caller memory
  * (`cudaHostRegister`). An engine's transfer layer can write prefill rows straight into
  * host pages (`row`) before the request's first step: direct-to-host admission.
+ *
+ * NUMA. On a machine with several NUMA nodes, pinned and huge-page stores prefer the node
+ * closest to the current GPU (`host_store_config::numa_node`, detail/numa.hpp): huge pages
+ * are `mbind`-ed before they are touched, `cudaHostAlloc` runs under a thread policy that
+ * prefers the node. Where the system refuses or there is one node, nothing is bound;
+ * `numa()` says what happened and on which node the first page landed.
  */
 #pragma once
 
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/numa.hpp>
 #include <dhisparse/detail/page_table.cuh>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/error.cuh>
@@ -39,6 +46,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -87,17 +95,34 @@ class pinned_host_memory {
   pinned_host_memory() = default;
   pinned_host_memory(host_store_config const& config, std::size_t bytes) : kind_{config.memory}
   {
+    numa_.requested = config.numa_node;
+    numa::choice const where =
+      kind_ == host_memory::caller ? numa::choice{-1, "caller memory: placed by the caller"}
+                                   : numa::choose_node(config.numa_node, "/sys", current_pci_bus_id());
+    numa_.node   = where.node;
+    numa_.reason = where.reason;
     switch (kind_) {
-      case host_memory::pinned:
+      case host_memory::pinned: {
+        // cudaHostAlloc touches its pages in this thread: a thread policy places them.
+        std::optional<numa::scoped_preferred_node> prefer;
+        if (where.node >= 0) {
+          prefer.emplace(where.node);
+          if (prefer->status() != 0) { unbind(numa::refused("set_mempolicy", prefer->status())); }
+        }
         DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes,
                                          cudaHostAllocMapped | cudaHostAllocPortable));
         break;
+      }
       case host_memory::huge_pages: {
         std::size_t const huge = std::size_t{2} << 20;
         mapped_bytes_          = (bytes + huge - 1) / huge * huge;
         void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         DHISPARSE_EXPECTS(p != MAP_FAILED,
                           "host_store: mmap of " + std::to_string(mapped_bytes_) + " bytes failed");
+        if (where.node >= 0) {  // before any page is touched
+          int const err = numa::bind_preferred(p, mapped_bytes_, where.node);
+          if (err != 0) { unbind(numa::refused("mbind", err)); }
+        }
         ::madvise(p, mapped_bytes_, MADV_HUGEPAGE);  // a hint: no error if THP is off
         host_ = static_cast<std::byte*>(p);
         register_memory(mapped_bytes_);
@@ -115,6 +140,7 @@ class pinned_host_memory {
         if (!config.caller_memory_registered) { register_memory(config.caller_bytes); }
         break;
     }
+    numa_.first_page_node = numa::page_node(host_);
     DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
   }
   pinned_host_memory(pinned_host_memory&& o) noexcept { swap(o); }
@@ -135,8 +161,26 @@ class pinned_host_memory {
 
   [[nodiscard]] std::byte* host() const noexcept { return host_; }
   [[nodiscard]] std::byte* device() const noexcept { return device_; }
+  [[nodiscard]] numa_binding const& numa() const noexcept { return numa_; }
+
+  /// PCI bus id of the current device ("" without one), for the NUMA choice.
+  static std::string current_pci_bus_id()
+  {
+    int device = 0;
+    char id[32] = {};
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetPCIBusId(id, int(sizeof id), device) != cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    return id;
+  }
 
  private:
+  void unbind(std::string why)
+  {
+    numa_.reason += "; " + why + ", not bound";
+    numa_.node = -1;
+  }
   void register_memory(std::size_t bytes)
   {
     cudaError_t const status = cudaHostRegister(host_, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
@@ -154,6 +198,7 @@ class pinned_host_memory {
     std::swap(device_, o.device_);
     std::swap(mapped_bytes_, o.mapped_bytes_);
     std::swap(registered_, o.registered_);
+    std::swap(numa_, o.numa_);
   }
 
   host_memory kind_        = host_memory::pinned;
@@ -161,6 +206,7 @@ class pinned_host_memory {
   std::byte* device_       = nullptr;
   std::size_t mapped_bytes_ = 0;
   bool registered_         = false;
+  numa_binding numa_{};
 };
 
 }  // namespace detail
@@ -255,6 +301,12 @@ class host_store {
     return memory_.host() + page * page_bytes_ + layouts_[group].page_offset +
            in_page * layouts_[group].row_bytes + std::size_t(layer) * row_bytes_;
   }
+
+  /// NUMA placement of the store's pages (see the file comment).
+  [[nodiscard]] numa_binding const& numa() const noexcept { return memory_.numa(); }
+  /// Bytes of the store (capacity_pages × page_bytes): the host range of its rows, e.g. for
+  /// `order_plan_async`.
+  [[nodiscard]] std::size_t bytes() const noexcept { return page_bytes_ * config_.capacity_pages; }
 
   /// Device view for kernels.
   [[nodiscard]] host_store_ref ref() const noexcept
