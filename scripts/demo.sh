@@ -13,3 +13,8 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDHISPARSE_BUILD_TESTS=OFF \
       -DDHISPARSE_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" --target quickstart --parallel "$(nproc)"
 "$build/examples/quickstart"
+echo
+echo "The end-to-end comparison (resident / hisparse / adaptive / adaptive+spec; GPU, about a minute on"
+echo "an H200) is the serving benchmark: docs/serving.md, e.g."
+echo "  cmake -S . -B build-serve -DCMAKE_BUILD_TYPE=Release && cmake --build build-serve --target bench_serving"
+echo "  build-serve/bench/serving/bench_serving --quick"

@@ -1,0 +1,13 @@
+/**
+ * @file bench/serving/run_adaptive.cu
+ * @brief The serving benchmark's runs with `policy::adaptive_budget<>` (one translation unit per budget, so
+ *        that the hierarchy's kernels of each budget compile once and in parallel).
+ */
+#include "runner.cuh"
+
+DHISPARSE_INSTANTIATE_KV_HIERARCHY(dhisparse::row_format::mla_fp8_656, dhisparse::policy::lru,
+                                   dhisparse::policy::adaptive_budget<>);
+
+namespace dhisparse::bench::serving {
+template run_result run_mode<policy::adaptive_budget<>>(scenario_setup const&, device_buffers&, run_config const&);
+}  // namespace dhisparse::bench::serving

@@ -1,0 +1,514 @@
+/**
+ * @file bench/serving/runner.cuh
+ * @brief `run_mode<Budget>`: one (mode, concurrency) run of the serving benchmark with the
+ *        library's real kernels (see docs/serving.md for the loop and what it stands for).
+ *
+ * The step, as captured (two graphs, so that the per-layer part and the once-per-step part
+ * are timed apart):
+ * ```
+ * graph "layers"                                   (scaled by layers_full / layers_sim)
+ *   backup                   side stream, joined before the first resolve (not resident)
+ *   for each group g:
+ *     gather selections      templates → [B][Q][K] by each request's committed length
+ *     indexer stand-in       int8 tensor-core scores over every key, then a top-K pass
+ *     resolve (+ retrieve)   fused / split / layered (layer 0 first, the rest on a side
+ *                            stream while layer 0 attends)
+ *     for each layer l of g:
+ *       write tail rows      the "model's" new rows into tail_slots(g)
+ *       sparse attention     over slot_table(g), layer_rows(g, l)
+ *       dense stand-in       one bf16 GEMM of `dense_mb` weights over B·Q tokens
+ * graph "step"                                     (counted once)
+ *   drafter GEMM (spec)      `draft_mb` weights over B·Q tokens
+ *   LM head GEMM             `lm_head_mb` weights over B·Q tokens
+ *   verify (spec)            sampling, chain, constructed p / q, Philox offset advanced
+ *   kept = accepted + 1, draft ring advance / rollback (spec)
+ *   commit(kept or all)
+ *   token accounting (+ output hashes in --check)
+ * ```
+ */
+#pragma once
+
+#include "kernels.hpp"
+#include "runner.hpp"
+
+#include <dhisparse/draft_ring.cuh>
+#include <dhisparse/error.cuh>
+#include <dhisparse/group_counters.hpp>
+#include <dhisparse/hierarchy.cuh>
+#include <dhisparse/policy/adaptive_budget.cuh>
+#include <dhisparse/policy/lru.cuh>
+#include <dhisparse/policy/resident_budget.cuh>
+#include <dhisparse/policy/static_budget.cuh>
+#include <dhisparse/sparse_attention.cuh>
+#include <dhisparse/verify.cuh>
+
+DHISPARSE_SPARSE_ATTENTION_EXTERN(dhisparse::row_format::mla_fp8_656);
+DHISPARSE_VERIFY_EXTERN();
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dhisparse::bench::serving {
+
+namespace detail {
+
+/// Events recorded between phases of an eager step; `ms()` sums the gaps by label.
+class phase_timer {
+ public:
+  explicit phase_timer(cudaStream_t stream) : stream_{stream} { mark(""); }
+  ~phase_timer()
+  {
+    for (auto& m : marks_) { cudaEventDestroy(m.second); }
+  }
+  phase_timer(phase_timer const&)            = delete;
+  phase_timer& operator=(phase_timer const&) = delete;
+
+  /// Closes the phase that ran since the previous mark and labels it.
+  void mark(std::string const& label)
+  {
+    cudaEvent_t e = nullptr;
+    DHISPARSE_CUDA_TRY(cudaEventCreate(&e));
+    DHISPARSE_CUDA_TRY(cudaEventRecord(e, stream_));
+    marks_.emplace_back(label, e);
+  }
+
+  /// Milliseconds per label (synchronizes), in first-seen order.
+  std::vector<std::pair<std::string, double>> ms() const
+  {
+    std::vector<std::pair<std::string, double>> out;
+    if (marks_.empty()) { return out; }
+    DHISPARSE_CUDA_TRY(cudaEventSynchronize(marks_.back().second));
+    for (std::size_t i = 1; i < marks_.size(); ++i) {
+      float t = 0.f;
+      DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&t, marks_[i - 1].second, marks_[i].second));
+      auto it = std::find_if(out.begin(), out.end(), [&](auto const& p) { return p.first == marks_[i].first; });
+      if (it == out.end()) {
+        out.emplace_back(marks_[i].first, double(t));
+      } else {
+        it->second += double(t);
+      }
+    }
+    return out;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+};
+
+/// Owning CUDA event.
+struct event {
+  cudaEvent_t e = nullptr;
+  explicit event(unsigned flags = cudaEventDisableTiming) { DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&e, flags)); }
+  ~event() { cudaEventDestroy(e); }
+  event(event const&)            = delete;
+  event& operator=(event const&) = delete;
+};
+
+/// Owning graph and its executable.
+struct graph {
+  cudaGraph_t g      = nullptr;
+  cudaGraphExec_t x  = nullptr;
+  ~graph()
+  {
+    if (x != nullptr) { cudaGraphExecDestroy(x); }
+    if (g != nullptr) { cudaGraphDestroy(g); }
+  }
+  template <class F>
+  void capture(cudaStream_t stream, F&& work)
+  {
+    DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      work();
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream, &broken);
+      if (broken != nullptr) { cudaGraphDestroy(broken); }
+      throw;
+    }
+    DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &g));
+    DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&x, g, 0));
+  }
+  void launch(cudaStream_t stream) const { DHISPARSE_CUDA_TRY(cudaGraphLaunch(x, stream)); }
+};
+
+inline group_counters sum_counters(std::vector<group_counters> const& v)
+{
+  group_counters s{};
+  for (auto const& c : v) {
+    s.selected_rows += c.selected_rows;
+    s.fetched_rows += c.fetched_rows;
+    s.tail_rows += c.tail_rows;
+    s.evicted_rows += c.evicted_rows;
+    s.reclaimed_rows += c.reclaimed_rows;
+    s.reclaims += c.reclaims;
+    s.prewarmed_rows += c.prewarmed_rows;
+    s.backed_up_rows += c.backed_up_rows;
+  }
+  return s;
+}
+
+}  // namespace detail
+
+template <class Budget>
+run_result run_mode(scenario_setup const& su, device_buffers& db, run_config const& rc)
+{
+  using fmt       = row_format::mla_fp8_656;
+  using hierarchy = kv_hierarchy<fmt, policy::lru, Budget>;
+  namespace sa    = sparse_attention;
+  constexpr bool resident   = std::is_same_v<Budget, policy::resident_budget>;
+  constexpr bool per_request = Budget::kind == budget_kind::per_request;
+
+  auto const t_setup = std::chrono::steady_clock::now();
+  options const& opt = *su.opt;
+  cudaStream_t const s    = db.stream;
+  cudaStream_t const side = db.side;
+  int const C  = rc.served;
+  int const Q  = rc.queries;
+  int const K  = su.sc.top_k;
+  int const G  = su.groups;
+  int const LG = su.sc.group_layers;
+  selection_templates const& tp = *su.templates;
+
+  run_result res;
+  res.rc = rc;
+
+  // ---- the hierarchy over the shared pinned host memory ----------------------------------
+  hierarchy_config hc;
+  hc.group_layers.assign(std::size_t(G), LG);
+  hc.max_requests           = C;
+  hc.max_batch              = C;
+  hc.max_queries            = Q;
+  hc.max_top_k              = K;
+  hc.max_context            = su.max_capacity;
+  hc.device_slots_per_group = su.pool_slots;
+  hc.backup_interval_steps  = backup_interval_for(resident, su);
+  hc.host.capacity_pages    = su.host_bytes / su.page_bytes;
+  hc.host.tokens_per_page   = 64;
+  hc.host.memory            = host_memory::caller;
+  hc.host.caller_memory     = su.host_memory;
+  hc.host.caller_bytes      = su.host_bytes;
+  hc.host.caller_memory_registered = true;
+  hierarchy h(hc, s);
+  res.slab_bytes = std::size_t(G) * std::size_t(su.pool_slots) * LG * fmt::bytes;
+
+  std::vector<request_id> ids;
+  for (int r = 0; r < C; ++r) {
+    ids.push_back(request_id(std::uint64_t(r) + 1));
+    h.admit(ids.back(), su.len0[std::size_t(r)], s, std::int64_t(su.len0[std::size_t(r)]) + su.tokens_per_request);
+  }
+  if (su.check) {  // direct-to-host admission: the prefill rows, written where the store puts them
+    for (int r = 0; r < C; ++r) {
+      for (int g = 0; g < G; ++g) {
+        for (int l = 0; l < LG; ++l) {
+          for (std::int32_t p = 0; p < su.len0[std::size_t(r)]; ++p) {
+            auto* row = reinterpret_cast<std::uint64_t*>(h.host_row(ids[std::size_t(r)], g, l, p));
+            for (int w = 0; w < row_words; ++w) { row[w] = row_word(r, g, l, p, w, su.salt); }
+          }
+        }
+      }
+    }
+  }
+  // The state after prefill: resident holds everything, the static budget its most recent
+  // H rows, the adaptive budget an equal share of the pool (most recent rows first).
+  for (int r = 0; r < C; ++r) {
+    std::int32_t const len = su.len0[std::size_t(r)];
+    std::int32_t warm      = len;
+    if constexpr (per_request) {
+      warm = std::min<std::int32_t>(len, std::int32_t(Budget::slots_per_request));
+    } else if constexpr (!resident) {
+      warm = std::min<std::int32_t>(len, std::int32_t(0.95 * double(su.pool_slots) / C));
+    }
+    h.prewarm(ids[std::size_t(r)], warm, s);
+  }
+  std::vector<std::int32_t> const queries(std::size_t(C), Q);
+  h.set_batch(ids.data(), queries.data(), C, s);
+  step_batch_ref const batch = h.batch_ref();
+
+  // ---- per-run state of the benchmark's own buffers ---------------------------------------
+  DHISPARSE_CUDA_TRY(cudaMemsetAsync(db.tokens_total.data(), 0, db.tokens_total.bytes(), s));
+  DHISPARSE_CUDA_TRY(cudaMemsetAsync(db.step_tokens.data(), 0, db.step_tokens.bytes(), s));
+  DHISPARSE_CUDA_TRY(cudaMemsetAsync(db.step_index.data(), 0, db.step_index.bytes(), s));
+  DHISPARSE_CUDA_TRY(cudaMemsetAsync(db.bench_status.data(), 0, db.bench_status.bytes(), s));
+  DHISPARSE_CUDA_TRY(cudaMemsetAsync(db.attn_status.data(), 0, db.attn_status.bytes(), s));
+  DHISPARSE_CUDA_TRY(cudaMemsetAsync(db.hashes.data(), 0, db.hashes.bytes(), s));
+  std::uint64_t const rng_init[2] = {opt.seed * 0x9E3779B97F4A7C15ull + 7, 0};
+  DHISPARSE_CUDA_TRY(cudaMemcpyAsync(db.rng.data(), rng_init, sizeof rng_init, cudaMemcpyHostToDevice, s));
+
+  int const outputs = su.check ? su.sc.layers_sim : 1;
+  auto out_of_layer = [&](int layer) {
+    return reinterpret_cast<bf16*>(db.attn_out.data() + (su.check ? std::size_t(layer) * db.attn_out_elems : 0));
+  };
+
+  sa::params ap;
+  ap.batch       = C;
+  ap.num_queries = Q;
+  ap.num_heads   = su.sc.heads;
+  ap.top_k       = K;
+  sa::set_contiguous_strides<fmt>(ap);
+  ap.queries       = reinterpret_cast<bf16 const*>(db.attn_queries.data());
+  ap.softmax_scale = 1.f / std::sqrt(576.f);
+  ap.batch_size    = batch.size;
+  ap.num_slots     = su.pool_slots;
+  ap.status        = db.attn_status.data();
+  ap.lse           = db.attn_lse.data();
+  ap.slots         = h.slot_table(0);
+  ap.rows          = reinterpret_cast<std::byte const*>(h.layer_rows(0, 0).rows);
+  ap.row_stride    = h.layer_rows(0, 0).stride;
+  ap.out           = out_of_layer(0);
+  {
+    std::string const problem = sa::check<fmt>(ap);
+    DHISPARSE_EXPECTS(problem.empty(), "sparse attention: " + problem);
+    std::size_t const ws = sa::workspace_size<fmt>(ap);
+    if (ws > db.attn_workspace.size()) {
+      DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+      db.attn_workspace = device_array<std::byte>(ws);
+    }
+  }
+
+  std::unique_ptr<draft_ring> ring;
+  verify_params v{};
+  if (rc.spec) {
+    ring = std::make_unique<draft_ring>(C, 256, 1, 256);
+    v.rule         = verify_rule::sampling;
+    v.topology     = draft_topology::chain;
+    v.distribution = opt.draft_dist == "candidates" ? draft_distribution::candidates : draft_distribution::one_hot;
+    v.capacity     = C;
+    v.max_drafts   = Q - 1;
+    v.vocab        = opt.vocab;
+    v.num_candidates  = 16;
+    v.batch_size      = batch.size;
+    v.draft_tokens    = db.draft_tokens.data();
+    v.p               = db.p.data();
+    v.p_request_stride = std::int64_t(db.drafts + 1) * opt.vocab;
+    v.candidate_ids   = db.cand_ids.data();
+    v.candidate_probs = db.cand_probs.data();
+    v.rng             = db.rng.data();
+    v.accepted        = db.accepted.data();
+    v.emitted         = db.emitted.data();
+    v.next_token      = db.next_token.data();
+    v.status          = db.verify_status.data();
+    std::string const problem = verify_params_problem(v);
+    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS(Q - 1 == db.drafts, "speculative run: queries must be 1 + drafts");
+  }
+
+  int const M = C * Q;  // tokens through the dense stand-ins
+  auto* x     = db.act_x.data();
+  auto* y     = db.act_y.data();
+  std::size_t const dense_elems = std::size_t(db.n_dense) * dense_hidden;
+  auto sel_of = [&](int g) { return db.selections.data() + std::size_t(g) * su.max_c * su.qmax * K; };
+
+  detail::event backup_fork, backup_done, fork_ev[8], join_ev[8];
+  DHISPARSE_EXPECTS(G <= 8, "serving benchmark: at most 8 simulated layer groups");
+  fetch_kind const fetch = su.fetch;
+
+  // The per-layer part of a step. `serial`: everything on the main stream (phase timing).
+  auto layers_part = [&](detail::phase_timer* pt, bool serial) {
+    auto mark = [&](char const* label) {
+      if (pt != nullptr) { pt->mark(label); }
+    };
+    bool backup_forked = false;
+    if constexpr (!resident) {
+      if (serial) {
+        h.backup(s);
+        mark("backup");
+      } else {
+        DHISPARSE_CUDA_TRY(cudaEventRecord(backup_fork.e, s));
+        DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(side, backup_fork.e, 0));
+        h.backup(side);
+        DHISPARSE_CUDA_TRY(cudaEventRecord(backup_done.e, side));
+        backup_forked = true;
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      std::int32_t* sel = sel_of(g);
+      launch_gather_selections(batch, tp.rows.data(), tp.start_dev.data(), tp.count, tp.groups, g, tp.tokens, K, sel,
+                               db.bench_status.data(), s);
+      if (opt.indexer) {
+        launch_indexer_scores(batch, db.index_keys.data(), db.key_base.data(), db.index_queries.data(),
+                              db.index_weights.data(), su.index_heads, su.index_stride, db.index_scores.data(),
+                              db.score_stride, std::int32_t(su.max_capacity + su.qmax), s);
+        launch_indexer_topk(batch, db.index_scores.data(), db.score_stride, su.index_stride, K, db.topk_out.data(), s);
+      }
+      if (backup_forked) {
+        DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(s, backup_done.e, 0));
+        backup_forked = false;
+      }
+      mark("select+indexer");
+      bool layered_join = false;
+      switch (fetch) {
+        case fetch_kind::fused: h.resolve_and_retrieve(g, sel, K, s); break;
+        case fetch_kind::split:
+          h.resolve(g, sel, K, s);
+          h.retrieve(g, s);
+          break;
+        case fetch_kind::layered:
+          h.resolve(g, sel, K, s);
+          h.retrieve(g, s, 0, 1);
+          if (serial) {
+            h.retrieve(g, s, 1, LG);
+          } else {
+            DHISPARSE_CUDA_TRY(cudaEventRecord(fork_ev[g].e, s));
+            DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(side, fork_ev[g].e, 0));
+            h.retrieve(g, side, 1, LG);
+            DHISPARSE_CUDA_TRY(cudaEventRecord(join_ev[g].e, side));
+            layered_join = true;
+          }
+          break;
+      }
+      mark("resolve+fetch");
+      std::int32_t const* tails = h.tail_slots(g);
+      for (int l = 0; l < LG; ++l) {
+        int const layer     = g * LG + l;
+        layer_view const lv = h.layer_rows(g, l);
+        launch_write_tail_rows(batch, tails, lv.rows, lv.stride, g, l, su.salt, s);
+        if (layered_join && l == 1) {
+          DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(s, join_ev[g].e, 0));
+          layered_join = false;
+        }
+        ap.rows       = lv.rows;
+        ap.row_stride = lv.stride;
+        ap.slots      = h.slot_table(g);
+        ap.out        = out_of_layer(layer);
+        DHISPARSE_CUDA_TRY((sa::run<fmt>(ap, db.attn_workspace.data(), db.attn_workspace.size(), s)));
+        mark("tail+attention");
+        db.gemm.run(db.dense_w.data() + std::size_t(layer) * dense_elems, db.n_dense, dense_hidden, x, M, y, s);
+        mark("dense");
+      }
+      if (layered_join) { DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(s, join_ev[g].e, 0)); }
+    }
+  };
+
+  // The once-per-step part.
+  auto step_part = [&](detail::phase_timer* pt) {
+    if (rc.spec) { db.gemm.run(db.draft_w.data(), db.n_draft, dense_hidden, x, M, y, s); }
+    db.gemm.run(db.lm_w.data(), db.n_lm, dense_hidden, x, M, y, s);
+    if (pt != nullptr) { pt->mark("lm-head+drafter"); }
+    if (rc.spec) {
+      DHISPARSE_CUDA_TRY(verify_async(v, s));
+      launch_or_status(db.verify_status.data(), db.bench_status.data(), bench_verify_status, s);
+      DHISPARSE_CUDA_TRY(advance_rng_offset_async(db.rng.data(), 1, s));
+      launch_kept_from_accepted(batch, db.accepted.data(), db.kept.data(), s);
+      ring->advance_async(batch.queries, Q, batch.size, s);
+      ring->rollback_async(batch.queries, db.kept.data(), batch.size, s);
+      h.commit(db.kept.data(), s);
+    } else {
+      h.commit(nullptr, s);
+    }
+    if (su.check) {
+      for (int layer = 0; layer < outputs; ++layer) {
+        launch_hash(out_of_layer(layer), std::size_t(C) * Q * su.sc.heads * 512 * sizeof(bf16), db.hashes.data(),
+                    db.step_index.data(), su.hash_capacity, s);
+      }
+    }
+    launch_count_tokens(batch, rc.spec ? db.kept.data() : nullptr, db.tokens_total.data(), db.step_tokens.data(),
+                        db.step_index.data(), su.hash_capacity, s);
+    launch_or_status(db.attn_status.data(), db.bench_status.data(), bench_attention_status, s);
+    if (pt != nullptr) { pt->mark("verify+commit"); }
+  };
+
+  // ---- one eager step (lazy initialisation of cuBLAS and the kernels), then capture -----
+  layers_part(nullptr, false);
+  step_part(nullptr);
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+  res.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_setup).count();
+
+  detail::graph g_layers, g_step;
+  g_layers.capture(s, [&] { layers_part(nullptr, false); });
+  g_step.capture(s, [&] { step_part(nullptr); });
+
+  for (int i = 0; i < opt.warmup; ++i) {
+    g_layers.launch(s);
+    g_step.launch(s);
+  }
+
+  struct snapshot {
+    std::vector<group_counters> counters;
+    unsigned long long tokens = 0;
+    std::int32_t step         = 0;
+  };
+  auto take = [&]() {
+    snapshot sn;
+    sn.counters.resize(std::size_t(G));
+    for (int g = 0; g < G; ++g) { h.read_counters(g, &sn.counters[std::size_t(g)], s); }
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&sn.tokens, db.tokens_total.data(), sizeof sn.tokens, cudaMemcpyDeviceToHost, s));
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&sn.step, db.step_index.data(), sizeof sn.step, cudaMemcpyDeviceToHost, s));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+    return sn;
+  };
+  snapshot const before = take();
+
+  std::vector<cudaEvent_t> ev(std::size_t(opt.steps) * 3);
+  for (auto& e : ev) { DHISPARSE_CUDA_TRY(cudaEventCreate(&e)); }
+  for (int i = 0; i < opt.steps; ++i) {
+    DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3 * std::size_t(i)], s));
+    g_layers.launch(s);
+    DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3 * std::size_t(i) + 1], s));
+    g_step.launch(s);
+    DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3 * std::size_t(i) + 2], s));
+  }
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+  snapshot const after = take();
+  for (int i = 0; i < opt.steps; ++i) {
+    float a = 0.f, b = 0.f;
+    DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&a, ev[3 * std::size_t(i)], ev[3 * std::size_t(i) + 1]));
+    DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&b, ev[3 * std::size_t(i) + 1], ev[3 * std::size_t(i) + 2]));
+    res.layers_ms.push_back(double(a));
+    res.step_ms.push_back(double(b));
+  }
+  for (auto e : ev) { cudaEventDestroy(e); }
+
+  // ---- eager, serialized steps with events between phases -------------------------------
+  if (opt.phase_steps > 0) {
+    detail::phase_timer pt(s);
+    for (int i = 0; i < opt.phase_steps; ++i) {
+      layers_part(&pt, true);
+      step_part(&pt);
+    }
+    for (auto& [label, ms] : pt.ms()) { res.phases.emplace_back(label, ms / opt.phase_steps); }
+  }
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+
+  // ---- what the timed steps did ------------------------------------------------------------
+  auto const c0 = detail::sum_counters(before.counters);
+  auto const c1 = detail::sum_counters(after.counters);
+  res.tokens    = after.tokens - before.tokens;
+  res.selected  = c1.selected_rows - c0.selected_rows;
+  res.fetched   = c1.fetched_rows - c0.fetched_rows;
+  res.evicted   = c1.evicted_rows - c0.evicted_rows;
+  res.reclaimed = c1.reclaimed_rows - c0.reclaimed_rows;
+  res.reclaims  = c1.reclaims - c0.reclaims;
+  res.backed_up = c1.backed_up_rows - c0.backed_up_rows;
+  res.prewarmed = c1.prewarmed_rows;
+  double const group_row = double(LG) * double(fmt::bytes);
+  res.h2d_bytes          = double(res.fetched) * group_row;
+  res.d2h_bytes          = double(res.backed_up) * group_row;
+
+  std::vector<std::int32_t> tokens(std::size_t(su.hash_capacity));
+  DHISPARSE_CUDA_TRY(
+    cudaMemcpy(tokens.data(), db.step_tokens.data(), tokens.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < opt.steps; ++i) {
+    res.step_tokens.push_back(tokens[std::size_t((before.step + i) % su.hash_capacity)]);
+  }
+  if (su.check) {
+    res.hashes.resize(std::size_t(su.hash_capacity));
+    DHISPARSE_CUDA_TRY(cudaMemcpy(res.hashes.data(), db.hashes.data(), res.hashes.size() * sizeof(unsigned long long),
+                                  cudaMemcpyDeviceToHost));
+    res.all_step_tokens.assign(tokens.begin(), tokens.end());
+  }
+  res.hierarchy_status = h.status_sync(s);
+  DHISPARSE_CUDA_TRY(
+    cudaMemcpy(&res.bench_status, db.bench_status.data(), sizeof res.bench_status, cudaMemcpyDeviceToHost));
+  if (ring) {
+    DHISPARSE_CUDA_TRY(cudaMemcpy(&res.ring_status, ring->status(), sizeof res.ring_status, cudaMemcpyDeviceToHost));
+  }
+  return res;
+}
+
+}  // namespace dhisparse::bench::serving
