@@ -129,3 +129,42 @@ TEST_CASE("host_store: invalid configurations are refused", "[host_store][gpu]")
   host_store ok(cfg, layers, 656, 1, 100, nullptr);  // registered caller memory works
   REQUIRE(ok.page_bytes() == 16 * 656);
 }
+
+TEST_CASE("host_store: NUMA placement is chosen, applied where allowed, and reported", "[host_store][numa][gpu]")
+{
+  cudaStream_t stream;
+  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
+  host_memory const memory = GENERATE(host_memory::pinned, host_memory::huge_pages);
+  std::vector<int> const online = detail::numa::online_nodes("/sys");
+  host_store_config cfg;
+  cfg.capacity_pages  = 8;
+  cfg.tokens_per_page = 16;
+  cfg.memory          = memory;
+  std::vector<int> const layers = {1};
+  detail::staging_uploader uploader;
+  for (int requested : {numa_device_local, numa_unbound, online.back()}) {
+    cfg.numa_node = requested;
+    host_store store(cfg, layers, 656, 2, 100, stream);
+    numa_binding const& b = store.numa();
+    INFO(b.describe());
+    CHECK(b.requested == requested);
+    CHECK(!b.reason.empty());
+    if (online.size() < 2 || requested == numa_unbound) { CHECK(b.node == -1); }
+    if (b.node >= 0 && b.first_page_node >= 0) { CHECK(b.first_page_node == b.node); }
+    // The memory works whatever the placement.
+    store.grow(0, 16, uploader, stream);
+    *store.row(0, 0, 0, 3) = std::byte{42};
+    CHECK(*store.row(0, 0, 0, 3) == std::byte{42});
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  cfg.numa_node = 4096;  // never an online node
+  REQUIRE_THROWS_WITH(host_store(cfg, layers, 656, 1, 100, stream), Catch::Contains("numa_node"));
+  cfg.memory        = host_memory::caller;  // the caller's memory is placed by the caller
+  cfg.numa_node     = numa_device_local;
+  alignas(64) static std::byte buffer[8 * 16 * 656];
+  cfg.caller_memory = buffer;
+  cfg.caller_bytes  = sizeof buffer;
+  host_store caller(cfg, layers, 656, 1, 100, stream);
+  CHECK(caller.numa().node == -1);
+  cudaStreamDestroy(stream);
+}
