@@ -396,7 +396,7 @@ std::vector<double> p_draft_of(options const& o)
 std::string format(char const* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string format(char const* fmt, ...)
 {
-  char buf[2048];
+  char buf[8192];
   va_list ap;
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof buf, fmt, ap);
