@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -67,6 +68,11 @@ struct flags {
         f.rows = int_list(argv[++i]);
       } else if (a == "--store-gib" && value) {
         f.store_gib = std::atof(argv[++i]);
+      } else if (a == "--help" || a == "-h") {
+        std::printf("usage: %s [--memory pinned|huge|both] [--huge] [--batches B1,B2,...] [--rows R1,R2,...]\n"
+                    "       [--store-gib N] [--json FILE] [--reps N] [--quick]\n",
+                    argv[0]);
+        std::exit(0);
       } else {
         rest.push_back(argv[i]);
       }
