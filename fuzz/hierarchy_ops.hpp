@@ -232,18 +232,6 @@ class hierarchy_driver {
   {
     request_id const id = some_id();
     bool const known    = admitted_.count(static_cast<std::uint64_t>(id)) != 0;
-    // Open finding F2 (docs/reliability.md; tests/fuzz_regressions/test_fuzz_findings.cpp):
-    // releasing a request leaves the state of the last step that included it (batch entry,
-    // tail slots, misses of each group) pointing at it, and a later retrieve or commit reads
-    // its freed host store or writes out of bounds. Until the library handles it, requests
-    // of the current batch or of any group's last resolve are not released here.
-    auto const in = [&](std::vector<request_id> const& ids) {
-      return std::find(ids.begin(), ids.end(), id) != ids.end();
-    };
-    if (in(batch_) || std::any_of(resolved_.begin(), resolved_.end(), in)) {
-      log("release", "skipped: open finding F2");
-      return;
-    }
     try {
       h_.release(id);
     } catch (::dhisparse::error const&) {
@@ -302,7 +290,6 @@ class hierarchy_driver {
       }
     }
     h_.resolve(g, selections.data(), top_k, in_.boolean() ? scores.data() : nullptr);
-    resolved_.at(std::size_t(g)) = batch_;
     check_tables(g, top_k);
   }
 
@@ -313,32 +300,6 @@ class hierarchy_driver {
       accepted[b] = in_.integer<std::int32_t>(-1, c_.max_queries + 1);
     }
     bool const with_counts = in_.boolean();
-    // Open finding F5 (docs/reliability.md; tests/fuzz_regressions/test_fuzz_findings.cpp):
-    // commit applies each group's tail slots from that group's last resolve to the entries
-    // of the current batch, even when that resolve served an earlier batch, and writes
-    // another request's positions out of bounds. Until the library ties tail slots to
-    // their batch, commit runs here only when every group was resolved for this batch.
-    if (!std::all_of(resolved_.begin(), resolved_.end(), [&](auto const& ids) { return ids == batch_; })) {
-      log("commit", "skipped: open finding F5");
-      return;
-    }
-    // Open finding F9 (same places): commit advances a request's length by its kept count
-    // even where the last resolve gave it fewer tail rows (capacity or pool exhausted, or a
-    // second commit of one resolve), past its capacity; prewarm then reads its position map
-    // out of bounds. Until the library counts only the rows it commits, commit runs here
-    // only when every kept query has its tail row in every group.
-    for (int g = 0; g < c_.num_groups(); ++g) {
-      for (int b = 0; b < h_.batch_count(); ++b) {
-        std::int32_t const n = batch_queries_.at(std::size_t(b)), a = accepted[std::size_t(b)];
-        std::int32_t const keep = !with_counts ? n : a >= 0 && a <= n ? a : 0;
-        for (int j = 0; j < keep; ++j) {
-          if (h_.tail_slots(g)[b * c_.max_queries + j] < 0) {
-            log("commit", "skipped: open finding F9");
-            return;
-          }
-        }
-      }
-    }
     h_.commit(with_counts ? accepted.data() : nullptr);
   }
 
@@ -418,8 +379,6 @@ class hierarchy_driver {
   std::map<std::uint64_t, double> admitted_;  ///< id → host-store bytes (estimate)
   std::vector<request_id> batch_;            ///< the last batch set
   std::vector<std::int32_t> batch_queries_;  ///< its queries
-  std::vector<std::vector<request_id>> resolved_ = std::vector<std::vector<request_id>>(std::size_t(c_.num_groups()));
-  ///< per group: the batch of its last resolve (open findings F2, F5)
 };
 
 /// Constructs a hierarchy of `config` (policies chosen by `choice`) when it fits

@@ -119,6 +119,35 @@ inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::in
                                       std::uint32_t* status, cudaStream_t stream);
 
 /**
+ * @brief Keeps the rows of the drafts verification accepted and rolls back the others,
+ *        for chains and trees (asynchronous, graph-capturable): of the newest `drafted[b]`
+ *        rows of ring request `ring_index[b]` — row j belonging to draft node j + 1 — the
+ *        rows of the nodes `nodes[b][0 .. kept[b])` (increasing, in [1, drafted[b]]) move,
+ *        in that order, onto the first `kept[b]` of those positions; the others are rolled
+ *        back. With `nodes` null the kept nodes are 1 … kept[b]: exactly `rollback(drafted,
+ *        kept)`. Rows of a tree path move within the ring (one row copy per layer and moved
+ *        node); a chain moves nothing.
+ * @param ring the ring (device memory)
+ * @param drafted device `[entries]`: rows the drafter added this step
+ * @param kept device `[entries]` or nullptr (0): accepted drafts to keep
+ * @param nodes device `[entries][nodes_stride]` or nullptr: the accepted nodes in path order
+ *        (`verify_params::accepted_nodes`)
+ * @param nodes_stride row length of `nodes` (verify's max_drafts)
+ * @param ring_index device `[entries]` or nullptr (entry b is ring request b): the ring
+ *        request of each entry; entries must name distinct requests
+ * @param entries entries (host value; the grid)
+ * @param batch_size device `[1]` or nullptr: entries ≥ it are skipped
+ * @param status device word: ORed with `draft_ring_status` bits (`bad_count`, `bad_path` and
+ *        `bad_request` skip that entry)
+ * @param stream the stream to run on
+ */
+inline cudaError_t draft_ring_keep_async(draft_ring_ref const& ring, std::int32_t const* drafted,
+                                         std::int32_t const* kept, std::int32_t const* nodes, int nodes_stride,
+                                         std::int32_t const* ring_index, int entries,
+                                         std::int32_t const* batch_size, std::uint32_t* status,
+                                         cudaStream_t stream);
+
+/**
  * @brief Empties the rings of `count` requests (a request slot reused by a new request);
  *        the next row of requests[i] gets position start[i] (nullptr: 0). Each request may
  *        appear once.
@@ -230,6 +259,13 @@ class draft_ring {
   {
     DHISPARSE_CUDA_TRY(draft_ring_rollback_async(ref_, drafted, accepted, batch_size, status_, stream));
   }
+  /// `draft_ring_keep_async` on this ring; throws on a bad argument.
+  void keep_async(std::int32_t const* drafted, std::int32_t const* kept, std::int32_t const* nodes, int nodes_stride,
+                  std::int32_t const* ring_index, int entries, std::int32_t const* batch_size, cudaStream_t stream)
+  {
+    DHISPARSE_CUDA_TRY(draft_ring_keep_async(ref_, drafted, kept, nodes, nodes_stride, ring_index, entries,
+                                             batch_size, status_, stream));
+  }
   /// `draft_ring_reset_async` on this ring; throws on a bad argument.
   void reset_async(std::int32_t const* requests, std::int64_t const* start, int count, cudaStream_t stream)
   {
@@ -312,6 +348,22 @@ inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::in
   int const t = detail::draft_ring::meta_threads;
   detail::draft_ring::rollback_kernel<0><<<(ring.capacity + t - 1) / t, t, 0, stream>>>(ring, drafted, accepted,
                                                                                        batch_size, status);
+  return detail::check_launch(stream);
+}
+
+inline cudaError_t draft_ring_keep_async(draft_ring_ref const& ring, std::int32_t const* drafted,
+                                         std::int32_t const* kept, std::int32_t const* nodes, int nodes_stride,
+                                         std::int32_t const* ring_index, int entries,
+                                         std::int32_t const* batch_size, std::uint32_t* status,
+                                         cudaStream_t stream)
+{
+  if (!draft_ring_ref_problem(ring).empty() || drafted == nullptr || status == nullptr || entries < 0 ||
+      (nodes != nullptr && nodes_stride < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (entries == 0 || ring.capacity == 0) { return cudaSuccess; }
+  detail::draft_ring::keep_kernel<0><<<entries, detail::draft_ring::copy_threads, 0, stream>>>(
+    ring, drafted, kept, nodes, nodes_stride, ring_index, entries, batch_size, status);
   return detail::check_launch(stream);
 }
 

@@ -8,13 +8,17 @@
  * set_pool_limit / prewarm / reclaim host side, between steps: memory back to the engine,
  *                                    spare slots filled, a free reserve
  * set_batch                          host side: which requests, how many queries each
+ * set_drafts(num_drafts, parents)    optional, capturable: per-request verify lengths and
+ *                                    draft trees from device memory (query_positions)
  * for each layer group g:
  *   resolve(g, selections, K)        union, hits, pins, evictions or reclaim, tail slots, plan
  *   retrieve(g)                      missed rows host → slab, all layers of g
  *   for each layer l of g:
  *     model writes tail rows         into tail_slots(g), layer l of each slot
  *     attention(l)                   over slot_table(g) and layer_rows(g, l)
- * commit(accepted)                   tails become committed (dirty), or are recycled
+ * commit(accepted)                   tails become committed (dirty), or are recycled; or
+ * commit_verified(verify outputs)    the accepted path (tree nodes compacted onto positions)
+ *                                    committed, the rest recycled, the draft ring kept in step
  * backup()                           dirty rows → host store; rows become clean
  * ```
  * Every step operation is stream-ordered, allocation-free, host-sync-free and launches
@@ -29,10 +33,12 @@
  *
  * Ordering contract: operations touch shared device state, so the caller orders them
  * (one stream, or events between streams): a resolve of a group is followed by retrieve
- * before attention reads its slots, by exactly one commit before the group's next
- * resolve, and a release comes after the request's last step. Slot tables and miss plans
- * are double-buffered by group parity: group g+1 may be resolved and retrieved while
- * group g attends.
+ * before attention reads its slots, and by exactly one commit before the group's next
+ * resolve. Slot tables and miss plans are double-buffered by group parity: group g+1 may
+ * be resolved and retrieved while group g attends. Misuse is defined, never corrupting
+ * (docs/integration.md, "The step contract"): a commit keeps only tail rows every group
+ * gave a slot, `set_batch` abandons a step left open, `release` mid-step takes the request
+ * out of the step, and a commit recycles the tails of a resolve that was never committed.
  *
  * @tparam RowFormat row layout (see row_format.cuh)
  * @tparam Eviction  eviction policy (see policy/concepts.hpp)
@@ -45,6 +51,7 @@
 #include <dhisparse/detail/budget_ledger.hpp>
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/hierarchy/kernels.cuh>
+#include <dhisparse/detail/hierarchy/step_kernels.cuh>
 #include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/device_pool.cuh>
@@ -145,12 +152,17 @@ class kv_hierarchy {
     requests_i32_ = detail::device_array<std::int32_t>(4 * std::size_t(config_.max_requests));
     tail_slots_ = detail::device_array<std::int32_t>(std::size_t(groups) * config_.max_batch * config_.max_queries);
     status_     = detail::device_array<std::uint32_t>(1);
+    step_queries_  = detail::device_array<std::int32_t>(3 * std::size_t(config_.max_batch) * config_.max_queries +
+                                                        std::size_t(config_.max_batch));
+    commit_status_ = detail::device_array<std::uint32_t>(std::size_t(config_.max_batch));
     prewarm_plan_  = detail::device_array<miss_entry>(prewarm_chunk);
     prewarm_count_ = detail::device_array<std::int32_t>(1);
     batch_.fill_bytes(0, stream);
     requests_i32_.fill_bytes(0, stream);
     tail_slots_.fill_bytes(0xFF, stream);
     status_.fill_bytes(0, stream);
+    step_queries_.fill_bytes(0xFF, stream);  // parents and positions -1 (depths: rewritten before use)
+    commit_status_.fill_bytes(0, stream);
     workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries, config_.max_top_k,
                                               config_.max_context);
     for (int i = 0; i < 2; ++i) {
@@ -216,8 +228,11 @@ class kv_hierarchy {
 
   /**
    * @brief Ends a request: its slots return to the free pools, its map and host pages to
-   *        their pools. Call after the request's last step completed (its host pages may
-   *        be handed to the next admission at once).
+   *        their pools (its host pages may be handed to the next admission at once). Valid
+   *        at any time, also mid-step: a request of the current batch leaves the step — its
+   *        entry gets 0 queries (resolve, commit and set_drafts skip it; its slot-table rows
+   *        are stale and its attention outputs meaningless), its tail rows and its misses
+   *        in the miss plans are dropped — and the other requests' step goes on.
    * @throws dhisparse::error for an unknown id
    */
   void release(request_id id, cudaStream_t stream)
@@ -225,6 +240,25 @@ class kv_hierarchy {
     int const index = requests_.index_of(id, "release");
     namespace hd    = detail::hierarchy;
     int const groups = config_.num_groups();
+    {
+      hd::leave_step_params ls{};
+      ls.batch_size  = batch_.data();
+      ls.requests    = batch_.data() + 1;
+      ls.queries     = batch_.data() + 1 + config_.max_batch;
+      ls.tail_slots  = tail_slots_.data();
+      ls.positions   = query_positions_ptr();
+      ls.num_groups  = groups;
+      ls.max_batch   = config_.max_batch;
+      ls.max_queries = config_.max_queries;
+      ls.request     = index;
+      ls.plans[0]    = plan_ref(0);
+      ls.plans[1]    = plan_ref(1);
+      ls.host        = host_.ref();
+      hd::leave_batch_kernel<hd::block_size><<<1, hd::block_size, 0, stream>>>(ls);
+      hd::leave_plans_kernel<hd::block_size>
+        <<<launch_blocks(std::int64_t(config_.step_entries())), hd::block_size, 0, stream>>>(ls);
+      DHISPARSE_CUDA_TRY(detail::check_launch(stream));
+    }
     hd::scrub_dirty_kernel<hd::block_size><<<groups, hd::block_size, 0, stream>>>(pool_refs_.data(), index);
     if constexpr (per_request) {
       hd::release_owned_kernel<hd::block_size><<<groups, hd::block_size, 0, stream>>>(pool_refs_.data(), index);
@@ -368,13 +402,52 @@ class kv_hierarchy {
   void set_batch(request_id const* ids, std::int32_t const* queries, int count, cudaStream_t stream)
   {
     auto const indices = requests_.batch_indices(ids, queries, count);
+    // A step left open (resolved, not committed) is abandoned: its tail rows are recycled
+    // and nothing is committed, so that no tail slot outlives the batch it was given to.
+    commit_params abandon = commit_args(nullptr);
+    abandon.mode          = commit_mode::abandon;
+    DHISPARSE_CUDA_TRY(commit_async(abandon, stream));
     std::vector<std::int32_t> packed(1 + 2 * std::size_t(config_.max_batch), 0);
     packed[0] = count;
     std::copy(indices.begin(), indices.end(), packed.begin() + 1);
     std::copy(queries, queries + count, packed.begin() + 1 + config_.max_batch);
     uploader_.upload(batch_.data(), packed.data(), packed.size() * sizeof(std::int32_t), stream);
     batch_count_ = count;
+    launch_drafts(nullptr, nullptr, stream);  // chains: parents q − 1, positions length + q
   }
+
+  /**
+   * @brief Sets the drafts of the current batch's next step from device memory, so that a
+   *        captured step replays with new per-request verify lengths and trees: entry b gets
+   *        1 + num_drafts[b] queries (query 0 the root, query j draft node j) and, with
+   *        `parents`, a draft tree. Capturable (one kernel); call it after `set_batch` and
+   *        before the step's first resolve. Positions (`query_positions`) follow: length +
+   *        depth, so tree nodes of one depth share a position. Tail row j is still
+   *        addressed as position length + j in selections (its query index: a query selects
+   *        its own path's rows by their node indices, each ≤ its own), and
+   *        `commit_verified` compacts the accepted path onto length, length + 1, …
+   * @param num_drafts device `[max_batch]`: drafts of each entry, in [0, max_queries − 1]
+   *        (the same array `verify_params::num_drafts` reads)
+   * @param parents    device `[max_batch][max_queries]` or nullptr (chains): the parent query
+   *        of each draft node j ≥ 1, in [0, j) (entry 0 of a row is ignored)
+   * A bad count or tree raises `status_invalid_drafts` and gives that entry no drafts;
+   * entries that left the step (released) stay out.
+   * @throws dhisparse::error for a null `num_drafts` (nothing enqueued)
+   */
+  void set_drafts(std::int32_t const* num_drafts, std::int32_t const* parents, cudaStream_t stream)
+  {
+    DHISPARSE_EXPECTS(num_drafts != nullptr, "set_drafts: num_drafts must not be null");
+    launch_drafts(num_drafts, parents, stream);
+  }
+
+  /// Positions of the step's queries, device `[max_batch][max_queries]`: committed length +
+  /// depth in the draft tree (chain: + q), -1 beyond an entry's queries. Written by
+  /// `set_batch` and `set_drafts`, refreshed by every commit (new length, same tree).
+  [[nodiscard]] std::int32_t const* query_positions() const noexcept { return query_positions_ptr(); }
+
+  /// The step's draft tree, device `[max_batch][max_queries]`: the parent query of each
+  /// query (-1 for the root and beyond an entry's queries).
+  [[nodiscard]] std::int32_t const* query_parents() const noexcept { return step_queries_.data(); }
 
   /// Real batch size set by the last `set_batch`.
   [[nodiscard]] int batch_count() const noexcept { return batch_count_; }
@@ -457,21 +530,46 @@ class kv_hierarchy {
   }
 
   /**
-   * @brief Commits the tail rows of the step in every group (see commit.cuh).
+   * @brief Commits the tail rows of the step in every group (see commit.cuh): entry b keeps
+   *        tail rows 0 … accepted[b] − 1, cut at the first one without a slot in some group
+   *        (`status_missing_tail`). Per entry, `committed_rows()` and `commit_status()` say
+   *        what was kept and why not more.
    * @param accepted device `[max_batch]` tail rows to keep per batch entry, or nullptr to
    *                 keep all (plain decoding)
    */
   void commit(std::int32_t const* accepted, cudaStream_t stream)
   {
-    commit_params p{};
-    p.batch      = batch_ref();
-    p.accepted   = accepted;
-    p.pools      = pool_refs_.data();
-    p.tail_slots = tail_slots_.data();
-    p.map        = map_.ref();
-    p.num_groups = config_.num_groups();
-    p.status     = status_.data();
+    DHISPARSE_CUDA_TRY(commit_async(commit_args(accepted), stream));
+  }
+
+  /**
+   * @brief Commits a verified step straight from verification's outputs, on the device
+   *        (see commit.cuh): entry b keeps its root row and the rows of its accepted drafts
+   *        in path order (a tree path compacted onto length, length + 1, … by relabelling
+   *        slots), cut at the first row without a slot in some group; everything else of
+   *        the step is recycled; `v.emitted` / `v.next_token` are cut to the tokens whose
+   *        rows were committed; a draft ring in `v` keeps the same path. Capturable.
+   * @throws dhisparse::error naming a bad field of `v` (nothing enqueued)
+   */
+  void commit_verified(verified_step const& v, cudaStream_t stream)
+  {
+    std::string const problem = detail::verified_step_problem(v);
+    DHISPARSE_EXPECTS(problem.empty(), problem);
+    commit_params p = commit_args(nullptr);
+    p.mode          = commit_mode::verified;
+    p.verified      = v;
     DHISPARSE_CUDA_TRY(commit_async(p, stream));
+  }
+
+  /// Per batch entry, device `[max_batch]`: the status bits the last commit raised for it
+  /// (0: every row it asked for was kept; `status_missing_tail`, `status_invalid_accept_count`).
+  [[nodiscard]] std::uint32_t const* commit_status() const noexcept { return commit_status_.data(); }
+
+  /// Per batch entry, device `[max_batch]`: the tail rows the last commit kept (with
+  /// `commit_verified`: the request's new tokens this step).
+  [[nodiscard]] std::int32_t const* committed_rows() const noexcept
+  {
+    return step_queries_.data() + 3 * std::size_t(config_.max_batch) * config_.max_queries;
   }
 
   /// Copies every committed, not yet backed-up row to the host store (see backup.cuh).
@@ -532,6 +630,22 @@ class kv_hierarchy {
             caps(),        config_.max_batch, config_.max_queries};
   }
 
+  /// Committed lengths, device `[max_requests]` indexed by `request_index` (updated by
+  /// every commit on the device; read it asynchronously, or with `length_sync`).
+  [[nodiscard]] std::int32_t const* committed_lengths() const noexcept { return lengths(); }
+
+  /// The committed length of request `id` (positions 0 … length − 1); synchronizes
+  /// `stream`. @throws dhisparse::error for an unknown id
+  [[nodiscard]] std::int32_t length_sync(request_id id, cudaStream_t stream) const
+  {
+    int const index = requests_.index_of(id, "length_sync");
+    std::int32_t length = 0;
+    DHISPARSE_CUDA_TRY(
+      cudaMemcpyAsync(&length, lengths() + index, sizeof length, cudaMemcpyDeviceToHost, stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    return length;
+  }
+
   /// Internal index of an admitted request (the value kernels see in `batch.requests`).
   [[nodiscard]] int request_index(request_id id) const { return requests_.index_of(id, "request_index"); }
 
@@ -586,6 +700,54 @@ class kv_hierarchy {
   }
 
   std::int32_t* lengths() const noexcept { return requests_i32_.data(); }
+  std::int32_t* query_positions_ptr() const noexcept
+  {
+    return step_queries_.data() + 2 * std::size_t(config_.max_batch) * config_.max_queries;
+  }
+
+  /// A plain commit of the current batch (outputs per entry, positions refreshed).
+  commit_params commit_args(std::int32_t const* accepted) const
+  {
+    std::size_t const step = std::size_t(config_.max_batch) * config_.max_queries;
+    commit_params p{};
+    p.batch          = batch_ref();
+    p.accepted       = accepted;
+    p.pools          = pool_refs_.data();
+    p.tail_slots     = tail_slots_.data();
+    p.map            = map_.ref();
+    p.num_groups     = config_.num_groups();
+    p.status         = status_.data();
+    p.mode           = commit_mode::plain;
+    p.parents        = step_queries_.data();
+    p.depths         = step_queries_.data() + step;
+    p.positions      = query_positions_ptr();
+    p.committed      = step_queries_.data() + 3 * step;
+    p.request_status = commit_status_.data();
+    return p;
+  }
+
+  /// The drafts kernel over the current batch (see detail/hierarchy/step_kernels.cuh).
+  void launch_drafts(std::int32_t const* num_drafts, std::int32_t const* parents, cudaStream_t stream)
+  {
+    namespace hd           = detail::hierarchy;
+    std::size_t const step = std::size_t(config_.max_batch) * config_.max_queries;
+    hd::drafts_params p{};
+    p.batch_size  = batch_.data();
+    p.requests    = batch_.data() + 1;
+    p.queries     = batch_.data() + 1 + config_.max_batch;
+    p.lengths     = lengths();
+    p.num_drafts  = num_drafts;
+    p.parents_in  = parents;
+    p.parents     = step_queries_.data();
+    p.depths      = step_queries_.data() + step;
+    p.positions   = query_positions_ptr();
+    p.status      = status_.data();
+    p.max_batch   = config_.max_batch;
+    p.max_queries = config_.max_queries;
+    unsigned const blocks = unsigned((config_.max_batch + hd::block_size - 1) / hd::block_size);
+    hd::drafts_kernel<hd::block_size><<<blocks, hd::block_size, 0, stream>>>(p);
+    DHISPARSE_CUDA_TRY(detail::check_launch(stream));
+  }
   std::int32_t* capacities() const noexcept { return requests_i32_.data() + config_.max_requests; }
   std::int32_t* floors() const noexcept { return requests_i32_.data() + 2 * config_.max_requests; }
   std::int32_t* caps() const noexcept { return requests_i32_.data() + 3 * config_.max_requests; }
@@ -699,6 +861,10 @@ class kv_hierarchy {
   detail::device_array<std::int32_t> requests_i32_;  // [4][max_requests]: lengths, capacities, floors, caps
   detail::device_array<std::int32_t> tail_slots_;
   detail::device_array<std::uint32_t> status_;
+  /// [3][max_batch][max_queries] + [max_batch]: the step's parents, depths, positions, then
+  /// the rows the last commit kept per entry.
+  detail::device_array<std::int32_t> step_queries_;
+  detail::device_array<std::uint32_t> commit_status_;  // [max_batch]
   detail::device_array<miss_entry> prewarm_plan_;
   detail::device_array<std::int32_t> prewarm_count_;
   std::array<detail::device_array<std::int32_t>, 2> slot_tables_;

@@ -48,13 +48,22 @@ enum status_bit : std::uint32_t {
   /// rows stay resident and dirty (never evicted) until the next backup finds them with a
   /// scan of the pool.
   status_dirty_list_overflow = 1u << 4,
-  /// An accepted count passed to `commit` was outside [0, queries of the request]; the
-  /// request's tail was rejected entirely.
+  /// An accepted count passed to `commit` was outside [0, queries of the request], or one
+  /// passed to `commit_verified` outside [0, drafts of the request], or its accepted nodes
+  /// do not form a path of the step's draft tree; the request's tail was rejected entirely.
   status_invalid_accept_count = 1u << 5,
   /// resolve found a tail position still held by the tail of an earlier resolve that was
   /// never committed (every resolve of a group must be followed by one `commit`); the
   /// request got no new tail rows.
   status_uncommitted_tail = 1u << 6,
+  /// `commit` / `commit_verified` reached a tail row to keep that has no slot in some group
+  /// (resolve refused it for capacity, budget or pool, or the group was not resolved since
+  /// the last commit): the request was committed up to that row and not beyond.
+  status_missing_tail = 1u << 7,
+  /// `set_drafts` found a draft count outside [0, max_queries − 1] or a parent link that
+  /// does not point to an earlier query of the request; that request drafts nothing this
+  /// step (one query).
+  status_invalid_drafts = 1u << 8,
 };
 
 /// Human-readable list of the bits set in `status` ("ok" when none).
@@ -69,6 +78,8 @@ inline std::string describe_status(std::uint32_t status)
     {status_dirty_list_overflow, "dirty_list_overflow"},
     {status_invalid_accept_count, "invalid_accept_count"},
     {status_uncommitted_tail, "uncommitted_tail"},
+    {status_missing_tail, "missing_tail"},
+    {status_invalid_drafts, "invalid_drafts"},
   };
   std::string out     = detail::join_set_bits(status, names, "|");
   std::uint32_t known = 0;

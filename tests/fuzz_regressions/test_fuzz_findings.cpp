@@ -1,11 +1,9 @@
 // Fuzz findings (docs/reliability.md), each reproduced in a few readable lines with the
-// behaviour the library must have. Test cases tagged [open] are bugs still in library
-// code (F2, F5, F9: host::kv_hierarchy's step/commit contract, being reworked): they FAIL
-// until the library is fixed — F2 crashes (it dereferences a released request's storage)
-// and F5 and F9 abort on libstdc++'s bounds assertion, ending the executable, so run one
-// with `test_fuzz_findings "F9*"`. CTest runs `test_fuzz_findings "~[open]"`
-// (CMakeLists.txt). When one is fixed, drop its [open] tag and remove the guard named
-// after it in fuzz/hierarchy_ops.hpp, so that the fuzzers cover the path again.
+// behaviour the library must have. A case tagged [open] is a bug still in library code:
+// it fails until the library is fixed, so CTest runs `test_fuzz_findings "~[open]"`
+// (CMakeLists.txt); when one is fixed, drop its [open] tag and remove the guard named
+// after it in fuzz/hierarchy_ops.hpp, so that the fuzzers cover the path again. None is
+// open now: F2, F5 and F9 follow the step contract of docs/integration.md.
 #include <catch2/catch.hpp>
 
 #include <dhisparse/detail/verify/params.hpp>
@@ -124,8 +122,11 @@ TEST_CASE("F1: the hierarchy's views reject a bad group with dhisparse::error", 
   }
 }
 
-TEST_CASE("F2: releasing a request of the current batch leaves the step usable", "[fuzz][open]")
+TEST_CASE("F2: releasing a request of the current batch leaves the step usable", "[fuzz]")
 {
+  // Contract (docs/integration.md): a request may be released mid-step; it leaves the step
+  // (its batch entry gets 0 queries, its tail rows and misses are dropped) and the other
+  // requests' step goes on.
   small_hierarchy h(small_config());
   h.admit(request_id{1}, 8);
   h.admit(request_id{2}, 8);
@@ -136,28 +137,43 @@ TEST_CASE("F2: releasing a request of the current batch leaves the step usable",
   std::vector<std::int32_t> selections(2 * 2 * 4, -1);
   for (int i = 0; i < 16; ++i) { selections[i] = i % 4; }
   h.resolve(0, selections.data(), 4);
+  h.resolve(1, selections.data(), 4);
   REQUIRE(h.misses(0).size() == 8);
 
-  bool released = true;
-  try {
-    h.release(request_id{2});  // refusing it (dhisparse::error) would be a valid fix
-  } catch (dhisparse::error const&) {
-    released = false;
+  h.release(request_id{2});
+  CHECK(h.batch_queries(1) == 0);
+  for (int g = 0; g < 2; ++g) {
+    CHECK(h.misses(g).size() == 4);  // request 1's only
+    for (int j = 0; j < 2; ++j) { CHECK(h.tail_slots(g)[2 + j] == -1); }
   }
-  if (released) {
-    h.retrieve(0);  // today: copies request 2's misses from its freed host store (null)
-    std::int32_t const accepted[2] = {2, 0};
-    h.commit(accepted);  // today: request 2's rejected tail writes its position map at [-1]
-    h.backup();
-  }
+  h.retrieve(0);
+  h.retrieve(1);
+  std::int32_t const accepted[2] = {2, 0};
+  h.commit(accepted);
+  h.backup();
   CHECK(h.contains(request_id{1}));
-  CHECK(h.contains(request_id{2}) == !released);
+  CHECK(!h.contains(request_id{2}));
   CHECK(h.length(request_id{1}) == 10);
+  CHECK(h.commit_status()[0] == 0);
+  CHECK(h.status() == 0);
+  check_slots_accounted(h);
+
+  // Between steps: a released request leaves the batch, which stays usable as it is.
+  h.admit(request_id{3}, 8);  // takes request 2's index
+  h.release(request_id{1});
+  h.resolve(0, selections.data(), 4);
+  h.resolve(1, selections.data(), 4);
+  CHECK(h.misses(0).empty());
+  h.commit(nullptr);
+  CHECK(h.length(request_id{3}) == 8);
+  CHECK(h.resident_positions(request_id{3}, 0).empty());
   check_slots_accounted(h);
 }
 
-TEST_CASE("F5: a new batch before commit does not hand one request's tail slots to another", "[fuzz][open]")
+TEST_CASE("F5: a new batch before commit does not hand one request's tail slots to another", "[fuzz]")
 {
+  // Contract (docs/integration.md): set_batch abandons a step left open — every tail row
+  // of it is recycled, nothing is committed — so no tail slot outlives its batch.
   small_hierarchy h(small_config());
   h.admit(request_id{1}, 40);
   h.admit(request_id{2}, 0);
@@ -170,21 +186,26 @@ TEST_CASE("F5: a new batch before commit does not hand one request's tail slots 
   // The engine drops that step: a new batch of request 2 alone, group 0 only, rejected.
   request_id const second[1] = {request_id{2}};
   std::int32_t const one[1]  = {1};
-  bool rebatched             = true;
-  try {
-    h.set_batch(second, one, 1);  // refusing it (dhisparse::error) would be a valid fix
-  } catch (dhisparse::error const&) {
-    rebatched = false;
+  h.set_batch(second, one, 1);
+  for (int g = 0; g < 2; ++g) {
+    CHECK(h.resident_positions(request_id{1}, g).empty());  // the abandoned tails are recycled
+    CHECK(h.resident_positions(request_id{2}, g).empty());
   }
-  if (rebatched) {
-    h.resolve(0, none.data(), 4);
-    std::int32_t const accepted[1] = {0};
-    // Today: group 1's tail slots of batch entry 0 are request 1's; commit treats them as
-    // request 2's and writes request 2's position map at 40 (it holds 8 positions).
-    h.commit(accepted);
-  }
+  h.resolve(0, none.data(), 4);
+  std::int32_t const accepted[1] = {0};
+  h.commit(accepted);
   CHECK(h.length(request_id{1}) == 40);
   CHECK(h.length(request_id{2}) == 0);
+  CHECK(h.status() == 0);
+  check_slots_accounted(h);
+  // Both requests step on normally (no uncommitted tail is left behind).
+  h.set_batch(both, two, 2);
+  h.resolve(0, none.data(), 4);
+  h.resolve(1, none.data(), 4);
+  h.commit(nullptr);
+  CHECK(h.length(request_id{1}) == 42);
+  CHECK(h.length(request_id{2}) == 2);
+  CHECK(h.status() == 0);
   check_slots_accounted(h);
 }
 
@@ -228,8 +249,11 @@ TEST_CASE("F8: backup_interval_steps that validate accepts gives a non-negative 
   CHECK_THROWS_WITH(detail::validate(c), Catch::Contains("backup_interval_steps"));
 }
 
-TEST_CASE("F9: commit advances a request only by the tail rows it commits", "[fuzz][open]")
+TEST_CASE("F9: commit advances a request only by the tail rows it commits", "[fuzz]")
 {
+  // Contract (docs/integration.md): commit keeps a tail row only where every group gave it
+  // a slot, stops a request at its first missing one and says so per batch entry
+  // (`commit_status`, `committed_rows`); a commit with nothing resolved keeps nothing.
   small_hierarchy h(small_config());
   h.admit(request_id{1}, 4);  // capacity 4 + max_queries = 6, backed by one page of 8
   request_id const ids[1]     = {request_id{1}};
@@ -240,14 +264,30 @@ TEST_CASE("F9: commit advances a request only by the tail rows it commits", "[fu
   h.resolve(1, none.data(), 4);
   h.commit(nullptr);
   REQUIRE(h.length(request_id{1}) == 6);
+  CHECK(h.committed_rows()[0] == 2);
+  CHECK(h.commit_status()[0] == 0);
   for (int i = 0; i < 4; ++i) {
-    try {
-      h.commit(nullptr);  // nothing resolved since: refusing would be a valid fix
-    } catch (dhisparse::error const&) {
-    }
+    h.commit(nullptr);  // nothing resolved since: nothing to keep
+    CHECK(h.committed_rows()[0] == 0);
+    CHECK(h.commit_status()[0] == status_missing_tail);
   }
-  CHECK(h.length(request_id{1}) == 6);  // today: 14, beyond the 8 positions it has
-  h.prewarm(request_id{1}, 16);         // today: reads the position map out of bounds
+  CHECK(h.length(request_id{1}) == 6);
+  h.prewarm(request_id{1}, 16);
+  // Up to the 8 positions its page backs, then past them: resolve gives the tails no
+  // slot, and commit keeps none of them.
+  h.clear_status();
+  h.resolve(0, none.data(), 4);
+  h.resolve(1, none.data(), 4);
+  h.commit(nullptr);
+  CHECK(h.length(request_id{1}) == 8);
+  CHECK(h.status() == 0);
+  h.resolve(0, none.data(), 4);
+  h.resolve(1, none.data(), 4);
+  CHECK((h.status() & status_capacity_exceeded) != 0);
+  h.commit(nullptr);
+  CHECK(h.length(request_id{1}) == 8);
+  CHECK(h.commit_status()[0] == status_missing_tail);
+  check_slots_accounted(h);
 }
 
 // ---- trace::reader ------------------------------------------------------------------------

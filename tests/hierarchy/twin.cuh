@@ -211,6 +211,16 @@ class twin {
     ref_tail_rows_[g] = std::move(rows);
   }
 
+  /// Stages `rows` ([max_batch][max_queries][group row], host memory) as group g's tail rows
+  /// on both sides, instead of the truth of position length + j that `stage_tails` stages.
+  void stage_tail_rows(int g, std::vector<std::byte> rows)
+  {
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_tail_rows_[g].data(), rows.data(), rows.size(), cudaMemcpyHostToDevice,
+                                       stream_));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    ref_tail_rows_[g] = std::move(rows);
+  }
+
   /// Enqueues the GPU model's tail writes for group g (capturable).
   void write_tails_gpu(int g)
   {

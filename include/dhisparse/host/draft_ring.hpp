@@ -19,6 +19,37 @@
 namespace dhisparse::host {
 
 /**
+ * @brief Reference of one request's part of `draft_ring_keep_async` on a ring in host
+ *        memory: of the newest `drafted` rows of ring request `request` (row j of them
+ *        belongs to draft node j + 1), keeps those of `nodes[0 .. kept)` (increasing, in
+ *        [1, drafted]; nullptr: nodes 1 … kept), moved in path order onto the first `kept`
+ *        of those positions, and rolls back the rest. Returns the `draft_ring_status` bits;
+ *        with `bad_count` or `bad_path` nothing changes.
+ */
+inline std::uint32_t draft_ring_keep_rows(draft_ring_ref const& ring, int request, std::int32_t drafted,
+                                          std::int32_t kept, std::int32_t const* nodes)
+{
+  std::uint32_t const bad = detail::draft_ring::check_keep(drafted, kept, nodes);
+  if (bad != 0) { return bad; }
+  std::int64_t end    = ring.end[request];
+  std::int32_t length = ring.length[request];
+  if (drafted > end) { return draft_ring_status::bad_count; }
+  std::int64_t const base = end - drafted;  // position of the step's first drafted row
+  for (std::int32_t k = 1; k <= kept && nodes != nullptr; ++k) {
+    std::int64_t const from = base + nodes[k - 1] - 1, to = base + k - 1;
+    if (from == to || to < end - length) { continue; }  // in place, or no longer held
+    for (int layer = 0; layer < ring.layers; ++layer) {
+      std::memmove(ring.row(layer, request, ring.slot(to)), ring.row(layer, request, ring.slot(from)),
+                   std::size_t(ring.row_bytes));
+    }
+  }
+  std::uint32_t const bits = detail::draft_ring::shrink(end, length, std::int64_t(drafted) - kept);
+  ring.end[request]        = end;
+  ring.length[request]     = length;
+  return bits;
+}
+
+/**
  * @brief Host draft ring: rows, per-request end / length and a status word in host
  *        memory. Operations take host arrays and behave exactly like the kernels.
  */
@@ -50,6 +81,8 @@ class draft_ring {
   draft_ring_ref const& ref() const noexcept { return ref_; }
   std::uint32_t status() const noexcept { return status_; }
   void clear_status() noexcept { status_ = 0; }
+  /// The status word itself (e.g. for `verified_step::ring_status`).
+  std::uint32_t* status_word() noexcept { return &status_; }
   std::vector<std::byte> const& rows() const noexcept { return rows_; }
   std::vector<std::int64_t> const& end() const noexcept { return end_; }
   std::vector<std::int32_t> const& length() const noexcept { return length_; }
@@ -98,6 +131,26 @@ class draft_ring {
       if (bits & draft_ring_status::bad_count) { continue; }
       end_[b]    = e;
       length_[b] = len;
+    }
+  }
+
+  /// See `draft_ring_keep_async` (host arrays).
+  void keep(std::int32_t const* drafted, std::int32_t const* kept, std::int32_t const* nodes, int nodes_stride,
+            std::int32_t const* ring_index, int entries, std::int32_t const* batch_size)
+  {
+    int n = batch_size ? *batch_size : entries;
+    if (n < 0 || n > entries) {
+      status_ |= draft_ring_status::bad_batch_size;
+      n = n < 0 ? 0 : entries;
+    }
+    for (int b = 0; b < n; ++b) {
+      int const r = ring_index ? ring_index[b] : b;
+      if (r < 0 || r >= ref_.capacity) {
+        status_ |= draft_ring_status::bad_request;
+        continue;
+      }
+      status_ |= draft_ring_keep_rows(ref_, r, drafted[b], kept ? kept[b] : 0,
+                                      nodes ? nodes + std::int64_t(b) * nodes_stride : nullptr);
     }
   }
 

@@ -19,10 +19,12 @@
 #pragma once
 
 #include <dhisparse/detail/budget_ledger.hpp>
+#include <dhisparse/detail/commit/verified_step.hpp>
 #include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/group_counters.hpp>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/host/draft_ring.hpp>
 #include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/policy/lru.cuh>
 #include <dhisparse/policy/static_budget.cuh>
@@ -94,6 +96,12 @@ class kv_hierarchy {
     }
     requests_.resize(config_.max_requests);
     free_host_pages_ = config_.host.capacity_pages;
+    std::size_t const step_queries = std::size_t(config_.max_batch) * config_.max_queries;
+    parents_.assign(step_queries, -1);
+    depths_.assign(step_queries, 0);
+    positions_.assign(step_queries, -1);
+    commit_status_.assign(std::size_t(config_.max_batch), 0);
+    committed_.assign(std::size_t(config_.max_batch), 0);
   }
 
   // ---- requests -------------------------------------------------------------------------
@@ -117,9 +125,11 @@ class kv_hierarchy {
     grow(index, capacity);
   }
 
+  /// Reference of `kv_hierarchy::release`: also mid-step, the request then leaves the step.
   void release(request_id id)
   {
     int const index = table_.index_of(id, "release");
+    leave_step(index);
     for (auto& gs : groups_) {
       gs.dirty_list.erase(std::remove_if(gs.dirty_list.begin(), gs.dirty_list.end(),
                                          [&](std::int32_t s) { return gs.owner[s] == index; }),
@@ -236,11 +246,32 @@ class kv_hierarchy {
 
   // ---- batch ----------------------------------------------------------------------------
 
+  /// Reference of `kv_hierarchy::set_batch`: a step left open (resolved, not committed) is
+  /// abandoned first — its tail rows recycled, nothing committed.
   void set_batch(request_id const* ids, std::int32_t const* queries, int count)
   {
-    batch_requests_ = table_.batch_indices(ids, queries, count);
+    auto indices = table_.batch_indices(ids, queries, count);
+    abandon_step();
+    batch_requests_ = std::move(indices);
     batch_queries_.assign(queries, queries + count);
+    prepare_drafts(nullptr, nullptr);
   }
+
+  /// Reference of `kv_hierarchy::set_drafts`; host arrays.
+  void set_drafts(std::int32_t const* num_drafts, std::int32_t const* parents)
+  {
+    DHISPARSE_EXPECTS(num_drafts != nullptr, "set_drafts: num_drafts must not be null");
+    prepare_drafts(num_drafts, parents);
+  }
+
+  /// Positions of the step's queries, [max_batch][max_queries]: committed length + depth in
+  /// the draft tree (chain: + q), -1 beyond a request's queries.
+  [[nodiscard]] std::int32_t const* query_positions() const noexcept { return positions_.data(); }
+  /// The step's draft tree, [max_batch][max_queries]: the parent query of each query (-1
+  /// for the root and beyond a request's queries).
+  [[nodiscard]] std::int32_t const* query_parents() const noexcept { return parents_.data(); }
+  /// Queries of batch entry b in the current step (0: it left the step).
+  [[nodiscard]] std::int32_t batch_queries(int b) const { return batch_queries_.at(std::size_t(b)); }
 
   [[nodiscard]] int batch_count() const noexcept { return int(batch_requests_.size()); }
 
@@ -409,39 +440,21 @@ class kv_hierarchy {
     copy_rows(group, groups_[group].misses, layer_begin, layer_end);
   }
 
-  /// Reference of commit.cuh; `accepted` is host memory [batch] or nullptr.
-  void commit(std::int32_t const* accepted)
+  /// Reference of `kv_hierarchy::commit`; `accepted` is host memory [batch] or nullptr.
+  void commit(std::int32_t const* accepted) { commit_rows(accepted, nullptr); }
+
+  /// Reference of `kv_hierarchy::commit_verified`; host pointers.
+  void commit_verified(verified_step const& v)
   {
-    for (int b = 0; b < batch_count(); ++b) {
-      std::int32_t const r  = batch_requests_[b];
-      std::int32_t const nq = batch_queries_[b];
-      std::int32_t keep     = accepted != nullptr ? accepted[b] : nq;
-      if (keep < 0 || keep > nq) {
-        status_ |= status_invalid_accept_count;
-        keep = 0;
-      }
-      for (auto& gs : groups_) {
-        for (int j = 0; j < nq; ++j) {
-          std::int32_t& s = gs.tail_slots[std::size_t(b) * config_.max_queries + j];
-          if (s < 0) { continue; }
-          if (j < keep) {
-            if (gs.dirty_list.size() < dirty_capacity()) {
-              gs.dirty_list.push_back(s);
-            } else {
-              status_ |= status_dirty_list_overflow;
-            }
-          } else {
-            gs.map[r][gs.position[s]] = -1;
-            gs.position[s]            = -1;
-            gs.dirty[s]               = 0;
-            if (gs.spare[r].size() < std::size_t(config_.max_queries)) { gs.spare[r].push_back(s); }
-          }
-          s = -1;
-        }
-      }
-      requests_[r].length += keep;
-    }
+    std::string const problem = detail::verified_step_problem(v);
+    DHISPARSE_EXPECTS(problem.empty(), problem);
+    commit_rows(nullptr, &v);
   }
+
+  /// Per batch entry, the status bits of the last commit (0: every row asked for was kept).
+  [[nodiscard]] std::uint32_t const* commit_status() const noexcept { return commit_status_.data(); }
+  /// Per batch entry, the tail rows the last commit kept (= tokens it emitted).
+  [[nodiscard]] std::int32_t const* committed_rows() const noexcept { return committed_.data(); }
 
   /// Copies every committed, not yet backed-up row to the host store; they become clean.
   void backup()
@@ -576,6 +589,225 @@ class kv_hierarchy {
     gs.owner[s] = gs.position[s] = -1;
     gs.state[s]                  = 0;
     gs.touched[s] = gs.dirty[s] = 0;
+  }
+
+  // ---- the step contract: drafts, commit, abandon, leaving a step ------------------------
+
+  /// Reference of the drafts kernel (detail/commit/kernels.cuh): query counts, parents,
+  /// depths and positions of the current batch; num_drafts null keeps the counts and sets
+  /// chains (set_batch). Entries that left the step (0 queries) stay out.
+  void prepare_drafts(std::int32_t const* num_drafts, std::int32_t const* parents)
+  {
+    int const Q = config_.max_queries;
+    for (int b = 0; b < config_.max_batch; ++b) {
+      std::int32_t* parent   = parents_.data() + std::size_t(b) * Q;
+      std::int32_t* depth    = depths_.data() + std::size_t(b) * Q;
+      std::int32_t* position = positions_.data() + std::size_t(b) * Q;
+      std::fill(parent, parent + Q, -1);
+      std::fill(depth, depth + Q, 0);
+      std::fill(position, position + Q, -1);
+      if (b >= batch_count() || batch_queries_[b] == 0) { continue; }
+      std::int32_t d = batch_queries_[b] - 1;
+      bool tree      = false;
+      if (num_drafts != nullptr) {
+        d        = num_drafts[b];
+        bool bad = d < 0 || d > Q - 1;
+        if (!bad && parents != nullptr) {
+          for (int q = 1; q <= d; ++q) {
+            std::int32_t const p = parents[std::size_t(b) * Q + q];
+            bad                  = bad || p < 0 || p >= q;
+          }
+          tree = true;
+        }
+        if (bad) {
+          status_ |= status_invalid_drafts;
+          d    = 0;
+          tree = false;
+        }
+        batch_queries_[b] = 1 + d;
+      }
+      std::int32_t const len = requests_[batch_requests_[b]].length;
+      for (int q = 0; q <= d; ++q) {
+        parent[q]   = q == 0 ? -1 : tree ? parents[std::size_t(b) * Q + q] : q - 1;
+        depth[q]    = q == 0 ? 0 : depth[parent[q]] + 1;
+        position[q] = len + depth[q];
+      }
+    }
+  }
+
+  /// Whether tail entry j of batch entry b in `gs` is request r's tail row of this step.
+  bool own_tail(group_state const& gs, int b, std::int32_t r, std::int32_t len, int j) const
+  {
+    std::int32_t const s = gs.tail_slots[std::size_t(b) * config_.max_queries + j];
+    std::int64_t const p = std::int64_t(len) + j;
+    return s >= 0 && gs.owner[s] == r && gs.position[s] == p && p < std::int64_t(gs.map[r].size()) &&
+           gs.map[r][std::size_t(p)] == s;
+  }
+
+  /// An empty slot of request r back onto its spare stack.
+  void make_spare(group_state& gs, std::int32_t r, std::int32_t s)
+  {
+    gs.position[s] = -1;
+    gs.dirty[s]    = 0;
+    if (gs.spare[r].size() < std::size_t(config_.max_queries)) { gs.spare[r].push_back(s); }
+  }
+
+  /**
+   * The commit of batch entry b in one group, in the GPU's order (detail/commit/kernels.cuh
+   * commit_group): every tail row of the step leaves the map; the slots of `path[0 .. kept)`
+   * become the committed rows len … len + kept − 1 (dirty, on the dirty list); the other
+   * tails (query order), then any row still mapped at or beyond the new length (an
+   * uncommitted tail of an earlier resolve; position order), become spares.
+   */
+  void commit_group(group_state& gs, int b, std::int32_t r, std::int32_t len, std::vector<int> const& path,
+                    int kept)
+  {
+    int const Q         = config_.max_queries;
+    std::int32_t* tails = gs.tail_slots.data() + std::size_t(b) * Q;
+    auto& map           = gs.map[r];
+    for (int j = 0; j < Q; ++j) {
+      if (own_tail(gs, b, r, len, j)) { map[std::size_t(len + j)] = -1; }
+    }
+    for (int k = 0; k < kept; ++k) {
+      int const j          = path[std::size_t(k)];
+      std::int32_t const s = tails[j];
+      tails[j]             = -1;
+      gs.position[s]       = len + k;
+      map[std::size_t(len + k)] = s;
+      if (gs.dirty_list.size() < dirty_capacity()) {
+        gs.dirty_list.push_back(s);
+      } else {
+        status_ |= status_dirty_list_overflow;
+      }
+    }
+    for (int j = 0; j < Q; ++j) {
+      std::int32_t const s = tails[j];
+      if (s < 0) { continue; }
+      tails[j] = -1;
+      if (gs.owner[s] == r && gs.position[s] == len + j) { make_spare(gs, r, s); }
+    }
+    std::int64_t const end = std::min<std::int64_t>(std::int64_t(len) + Q, std::int64_t(map.size()));
+    for (std::int64_t p = std::int64_t(len) + kept; p < end; ++p) {
+      std::int32_t const s = map[std::size_t(p)];
+      if (s < 0) { continue; }
+      map[std::size_t(p)] = -1;
+      make_spare(gs, r, s);
+    }
+  }
+
+  /**
+   * Reference of the commit kernel (detail/commit/kernels.cuh): plain (`v` null: keep
+   * accepted[b] tail rows, or all) or verified (keep the root and the accepted path), never
+   * past a tail row that lacks a slot in some group.
+   */
+  void commit_rows(std::int32_t const* accepted, verified_step const* v)
+  {
+    int const Q = config_.max_queries;
+    for (int b = 0; b < batch_count(); ++b) {
+      std::int32_t const r  = batch_requests_[b];
+      std::int32_t const nq = batch_queries_[b];
+      std::int32_t const len = requests_[r].length;
+      commit_status_[b] = 0;
+      committed_[b]     = 0;
+      if (nq == 0) { continue; }  // it left the step
+      std::uint32_t bits = 0;
+      std::vector<int> path;
+      if (v == nullptr) {
+        std::int32_t keep = accepted != nullptr ? accepted[b] : nq;
+        if (keep < 0 || keep > nq) {
+          bits |= status_invalid_accept_count;
+          keep = 0;
+        }
+        for (int k = 0; k < keep; ++k) { path.push_back(k); }
+      } else if (verified_output(*v, b)) {
+        std::int32_t const a = v->accepted[b];
+        if (a < 0 || a > nq - 1 || a > max_verify_drafts || (v->accepted_nodes != nullptr && a > v->max_drafts)) {
+          bits |= status_invalid_accept_count;
+        } else {
+          path.push_back(0);
+          for (int k = 1; k <= a; ++k) {
+            std::int32_t const n = v->accepted_nodes ? v->accepted_nodes[std::size_t(b) * v->max_drafts + k - 1] : k;
+            if (n <= path.back() || n >= nq || parents_[std::size_t(b) * Q + n] != path.back()) {
+              bits |= status_invalid_accept_count;
+              path.clear();
+              break;
+            }
+            path.push_back(n);
+          }
+        }
+      }
+      int kept = 0;
+      while (kept < int(path.size()) && std::all_of(groups_.begin(), groups_.end(), [&](group_state const& gs) {
+               return own_tail(gs, b, r, len, path[std::size_t(kept)]);
+             })) {
+        ++kept;
+      }
+      if (kept < int(path.size())) { bits |= status_missing_tail; }
+      for (auto& gs : groups_) { commit_group(gs, b, r, len, path, kept); }
+      requests_[r].length += kept;
+      committed_[b]     = kept;
+      commit_status_[b] = bits;
+      status_ |= bits;
+      for (int q = 0; q < nq; ++q) { positions_[std::size_t(b) * Q + q] = len + kept + depths_[std::size_t(b) * Q + q]; }
+      if (v != nullptr) { finish_verified(*v, b, nq, path, kept); }
+    }
+  }
+
+  /// Whether verification produced tokens for entry b (its status is zero, its first
+  /// emitted token is not -1).
+  static bool verified_output(verified_step const& v, int b)
+  {
+    if (v.request_status != nullptr && v.request_status[b] != 0) { return false; }
+    return v.emitted == nullptr || v.emitted[std::size_t(b) * (v.max_drafts + 1)] >= 0;
+  }
+
+  /// Verify's outputs cut to the committed rows; the draft ring kept in step.
+  void finish_verified(verified_step const& v, int b, std::int32_t nq, std::vector<int> const& path, int kept)
+  {
+    if (v.emitted != nullptr) {
+      std::int32_t* e = v.emitted + std::size_t(b) * (v.max_drafts + 1);
+      std::int32_t const last = kept > 0 ? e[kept - 1] : -1;
+      for (int i = kept; i <= v.max_drafts; ++i) { e[i] = -1; }
+      if (v.next_token != nullptr) { v.next_token[b] = last; }
+    }
+    if (v.ring.capacity > 0) {
+      int const ri = v.ring_index ? v.ring_index[b] : b;
+      if (ri < 0 || ri >= v.ring.capacity) {
+        *v.ring_status |= draft_ring_status::bad_request;
+        return;
+      }
+      std::int32_t const keep = std::max(0, kept - 1);
+      *v.ring_status |= draft_ring_keep_rows(v.ring, ri, nq - 1, keep, keep > 0 ? path.data() + 1 : nullptr);
+    }
+  }
+
+  /// Reference of set_batch's abandon: every tail of the open step recycled, nothing kept.
+  void abandon_step()
+  {
+    for (int b = 0; b < batch_count(); ++b) {
+      if (batch_queries_[b] == 0) { continue; }
+      std::int32_t const r = batch_requests_[b];
+      for (auto& gs : groups_) { commit_group(gs, b, r, requests_[r].length, {}, 0); }
+    }
+  }
+
+  /// Reference of release's first kernels: request `index` leaves the current step (its
+  /// batch entry gets 0 queries, its tail entries and misses are dropped).
+  void leave_step(int index)
+  {
+    int const Q = config_.max_queries;
+    for (int b = 0; b < batch_count(); ++b) {
+      if (batch_requests_[b] != index) { continue; }
+      batch_queries_[b] = 0;
+      for (auto& gs : groups_) {
+        std::fill(gs.tail_slots.begin() + std::ptrdiff_t(b) * Q, gs.tail_slots.begin() + std::ptrdiff_t(b + 1) * Q, -1);
+      }
+      std::fill(positions_.begin() + std::ptrdiff_t(b) * Q, positions_.begin() + std::ptrdiff_t(b + 1) * Q, -1);
+    }
+    for (auto& gs : groups_) {
+      gs.misses.erase(std::remove_if(gs.misses.begin(), gs.misses.end(), [&](miss const& m) { return m.request == index; }),
+                      gs.misses.end());
+    }
   }
 
   /// The `n` evictable rows of request r with the smallest (key, position).
@@ -803,6 +1035,9 @@ class kv_hierarchy {
   detail::request_table table_{config_};
   std::size_t free_host_pages_ = 0;
   std::vector<std::int32_t> batch_requests_, batch_queries_;
+  std::vector<std::int32_t> parents_, depths_, positions_;  // [max_batch][max_queries]
+  std::vector<std::uint32_t> commit_status_;                // [max_batch]
+  std::vector<std::int32_t> committed_;                     // [max_batch]
   std::uint32_t status_ = 0;
 };
 

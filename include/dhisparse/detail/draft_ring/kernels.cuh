@@ -108,6 +108,68 @@ DHISPARSE_KERNEL void rollback_kernel(draft_ring_ref ring, std::int32_t const* d
   ring.length[b] = len;
 }
 
+/**
+ * One request's keep (`draft_ring_keep_async`), by a whole block: the kept nodes' rows move
+ * in path order (k ascending: a row is read before the copy that may overwrite it), then
+ * thread 0 rolls back the rest. Every thread of the block must call it. Returns the status
+ * bits (the same value in every thread).
+ */
+__device__ inline std::uint32_t keep_rows_block(draft_ring_ref const& ring, int request, std::int32_t drafted,
+                                                std::int32_t kept, std::int32_t const* nodes)
+{
+  std::uint32_t bits = check_keep(drafted, kept, nodes);
+  std::int64_t const end    = ring.end[request];
+  std::int32_t const length = ring.length[request];
+  if (bits == 0 && drafted > end) { bits = draft_ring_status::bad_count; }
+  if (bits != 0) { return bits; }
+  std::int64_t const base = end - drafted;
+  std::int64_t const vecs = ring.row_bytes / 16;
+  for (std::int32_t k = 1; k <= kept && nodes != nullptr; ++k) {
+    std::int64_t const from = base + nodes[k - 1] - 1, to = base + k - 1;
+    if (from == to || to < end - length) { continue; }  // block-uniform
+    for (std::int64_t t = threadIdx.x; t < vecs * ring.layers; t += blockDim.x) {
+      int const layer = int(t / vecs);
+      auto const* src = reinterpret_cast<uint4 const*>(ring.row(layer, request, ring.slot(from)));
+      auto* dst       = reinterpret_cast<uint4*>(ring.row(layer, request, ring.slot(to)));
+      dst[t % vecs]   = src[t % vecs];
+    }
+    __syncthreads();
+  }
+  __syncthreads();  // every thread has read end / length
+  std::int64_t e   = end;
+  std::int32_t len = length;
+  bits             = shrink(e, len, std::int64_t(drafted) - kept);
+  if (threadIdx.x == 0) {
+    ring.end[request]    = e;
+    ring.length[request] = len;
+  }
+  return bits;
+}
+
+/// Keeps the committed drafts' rows of each entry (see `draft_ring_keep_async`).
+template <int Unused>
+DHISPARSE_KERNEL void __launch_bounds__(copy_threads)
+  keep_kernel(draft_ring_ref ring, std::int32_t const* drafted, std::int32_t const* kept, std::int32_t const* nodes,
+              int nodes_stride, std::int32_t const* ring_index, int entries, std::int32_t const* batch_size,
+              std::uint32_t* status)
+{
+  int const b = blockIdx.x;
+  int n       = batch_size ? *batch_size : entries;
+  if (n < 0 || n > entries) {
+    if (b == 0 && threadIdx.x == 0) { atomicOr(status, draft_ring_status::bad_batch_size); }
+    n = n < 0 ? 0 : entries;
+  }
+  if (b >= n) { return; }
+  int const r = ring_index ? ring_index[b] : b;
+  if (r < 0 || r >= ring.capacity) {
+    if (threadIdx.x == 0) { atomicOr(status, draft_ring_status::bad_request); }
+    return;
+  }
+  std::uint32_t const bits = keep_rows_block(ring, r, drafted[b], kept ? kept[b] : 0,
+                                             nodes ? nodes + std::int64_t(b) * nodes_stride : nullptr);
+  if (bits != 0 && threadIdx.x == 0) { atomicOr(status, bits); }
+}
+
 /// Empties the listed requests; their next row gets position start[i] (null: 0).
 template <int Unused>
 DHISPARSE_KERNEL void reset_kernel(draft_ring_ref ring, std::int32_t const* requests,

@@ -25,6 +25,7 @@ struct draft_ring_status {
     rollback_past_window = 1u << 2,  ///< a rollback longer than the rows held: older rows were already overwritten
     bad_request          = 1u << 3,  ///< a reset names a request outside [0, capacity) (skipped)
     bad_start            = 1u << 4,  ///< a reset to a negative start position (skipped)
+    bad_path             = 1u << 5,  ///< a keep's nodes are not increasing within [1, drafted] (skipped)
   };
 };
 
@@ -37,8 +38,9 @@ inline std::string describe_draft_ring_status(std::uint32_t bits)
      "counts: a count is outside [0, max_count] (rollback: drafted < accepted, or before position 0)"},
     {draft_ring_status::rollback_past_window,
      "drafted/accepted: a rollback removed more rows than the ring held (older rows were overwritten)"},
-    {draft_ring_status::bad_request, "requests: a request index is outside [0, capacity)"},
+    {draft_ring_status::bad_request, "requests / ring_index: a request index is outside [0, capacity)"},
     {draft_ring_status::bad_start, "start: a negative start position"},
+    {draft_ring_status::bad_path, "nodes: the kept nodes are not increasing within [1, drafted]"},
   };
   return detail::join_set_bits(bits, table, "; ");
 }
@@ -129,6 +131,24 @@ DHISPARSE_HOST_DEVICE inline void grow(std::int64_t& end, std::int32_t& length, 
   end += count;
   std::int64_t const held = std::int64_t(length) + count;
   length                  = std::int32_t(held < window ? held : window);
+}
+
+/**
+ * Checks a keep (`draft_ring_keep_async`): of the newest `drafted` rows, `kept` along
+ * `nodes` (nullptr: nodes 1 … kept). Returns the status bits; non-zero means skipped.
+ */
+DHISPARSE_HOST_DEVICE inline std::uint32_t check_keep(std::int32_t drafted, std::int32_t kept,
+                                                      std::int32_t const* nodes)
+{
+  if (drafted < 0 || kept < 0 || kept > drafted) { return draft_ring_status::bad_count; }
+  if (nodes != nullptr) {
+    std::int32_t previous = 0;
+    for (std::int32_t k = 0; k < kept; ++k) {
+      if (nodes[k] <= previous || nodes[k] > drafted) { return draft_ring_status::bad_path; }
+      previous = nodes[k];
+    }
+  }
+  return 0;
 }
 
 /// Effect of rolling back `count` rows; returns the status bits it raises.
