@@ -8,7 +8,10 @@
 //   2. speculation with chains: per request and step up to 4 drafts, verified greedily,
 //      committed straight from verify's outputs (commit_verified);
 //   3. speculation with draft trees of up to 6 nodes (tree nodes of one depth share a
-//      position; the accepted path is compacted onto positions at commit).
+//      position; the accepted path is compacted onto positions at commit);
+//   4. chains whose length a load-aware controller (speculation_controller.hpp) picks per
+//      request and step from its running acceptance and the step's cost, for drafters of
+//      unequal quality.
 // The drafter is a stand-in that agrees with the target 70% of the time while on its path;
 // its own rows live in a draft ring that commit_verified keeps in step. Runs 2 and 3 must
 // emit exactly run 1's tokens (the program fails otherwise); it prints tokens per step,
@@ -21,10 +24,12 @@
 
 #include <dhisparse/policy/lru.cuh>
 #include <dhisparse/policy/static_budget.cuh>
+#include <dhisparse/speculation_controller.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -85,26 +90,56 @@ int demo(MakeOps make_ops)
               "(%llu of %llu selected rows)\n",
               p.steps, per_token(p.fetched, p.tokens), p.fetched, p.selected);
 
-  // 2, 3. Speculation with chains, then with trees.
-  for (examples::speculation const s : {examples::speculation{4, false, 0.7}, examples::speculation{6, true, 0.7}}) {
+  // 2, 3. Speculation with chains, then with trees; 4. chains whose lengths a load-aware
+  // controller picks per request and step, for drafters of unequal quality.
+  ds::speculation_settings settings;
+  settings.max_drafts = 6;
+  settings.cost       = {40.0, 1.0, 0.5};  // µs per step, per query, per fetched row (a guess)
+  ds::speculation_controller controller(requests, settings);
+  std::map<std::uint64_t, std::int32_t> chosen;
+  examples::speculation adaptive{6, false, 0.7};
+  adaptive.drafts      = [&](std::uint64_t id) { return chosen.at(id); };
+  adaptive.accuracy_of = [](std::uint64_t id) { return std::vector<double>{0.95, 0.8, 0.5, 0.2}.at(id - 1); };
+  struct run {
+    examples::speculation s;
+    char const* kind;
+    bool controlled;
+  };
+  for (run const& r : {run{{4, false, 0.7}, "chains", false}, run{{6, true, 0.7}, "trees", false},
+                       run{adaptive, "chains, load-aware lengths", true}}) {
+    examples::speculation const& s = r.s;
     std::unique_ptr<Ops> ops = make_ops();
     examples::decoder<Ops> spec(*ops, model, top_k);
-    for (int r = 0; r < requests; ++r) { spec.admit(ids[std::size_t(r)], prompt(r)); }
+    for (int i = 0; i < requests; ++i) { spec.admit(ids[std::size_t(i)], prompt(i)); }
     auto const oracle = [&](std::uint64_t id, std::int32_t x) { return plain.tokens(id).at(std::size_t(x)); };
     std::mt19937_64 rng(7);
-    char const* kind = s.tree ? "trees " : "chains";
+    std::map<std::uint64_t, long> drafts_of, steps_of;
     for (int step = 1;; ++step) {
       std::vector<std::uint64_t> active;  // requests whose drafts the stand-in can still peek at
       for (auto id : ids) {
         if (spec.length(id) + s.max_drafts + 2 <= std::int32_t(plain.tokens(id).size())) { active.push_back(id); }
       }
       if (active.empty()) { break; }
+      if (r.controlled) {  // the controller's choice from each request's running acceptance
+        std::vector<std::int32_t> index, num(active.size());
+        for (auto id : active) { index.push_back(ops->request_index(id)); }
+        ds::speculation_load load;
+        auto const& st              = spec.stats();
+        load.fetched_rows_per_query = st.queries > 0 ? double(st.fetched) / double(st.queries) : 0.0;
+        controller.choose(index.data(), int(active.size()), load, num.data());
+        for (std::size_t i = 0; i < active.size(); ++i) { chosen[active[i]] = num[i]; }
+      }
       std::vector<std::int32_t> before;
       for (auto id : active) { before.push_back(spec.length(id)); }
       long const drafted = spec.stats().drafted, accepted = spec.stats().accepted;
       spec.step_speculative(active, s, oracle, rng);
-      if (step <= 5) {
-        std::printf("  %s step %d: new tokens per request", kind, step);
+      for (auto const& [id, o] : spec.last_step()) {
+        drafts_of[id] += o.drafted;
+        ++steps_of[id];
+        if (r.controlled) { controller.observe(ops->request_index(id), o.drafted, o.accepted); }
+      }
+      if (step <= 4) {
+        std::printf("  %s, step %d: new tokens per request", r.kind, step);
         for (std::size_t i = 0; i < active.size(); ++i) { std::printf(" %d", spec.length(active[i]) - before[i]); }
         std::printf(" (%ld of %ld drafts accepted)\n", spec.stats().accepted - accepted, spec.stats().drafted - drafted);
       }
@@ -118,10 +153,17 @@ int demo(MakeOps make_ops)
       }
     }
     auto const& q = spec.stats();
-    std::printf("speculation, %s: %4ld steps, %.2f tokens per request-step, %.0f%% of %ld drafts accepted, "
+    std::printf("speculation, %s: %ld steps, %.2f tokens per request-step, %.0f%% of %ld drafts accepted, "
                 "%.2f rows fetched per token; tokens identical to plain decoding\n",
-                kind, q.steps, double(q.tokens) / double(q.queries - q.drafted), 100.0 * double(q.accepted) / double(q.drafted),
-                q.drafted, per_token(q.fetched, q.tokens));
+                r.kind, q.steps, double(q.tokens) / double(q.queries - q.drafted),
+                100.0 * double(q.accepted) / double(std::max(q.drafted, 1L)), q.drafted, per_token(q.fetched, q.tokens));
+    if (r.controlled) {
+      std::printf("  drafts per step chosen for drafters of accuracy 0.95 / 0.8 / 0.5 / 0.2:");
+      for (auto id : ids) { std::printf(" %.1f", double(drafts_of[id]) / double(std::max(steps_of[id], 1L))); }
+      std::printf("  (running acceptance");
+      for (auto id : ids) { std::printf(" %.2f", controller.acceptance(ops->request_index(id))); }
+      std::printf(")\n");
+    }
   }
   return 0;
 }

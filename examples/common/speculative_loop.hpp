@@ -50,9 +50,24 @@ namespace examples {
 
 /// The drafter stand-in's settings.
 struct speculation {
+  speculation() = default;
+  speculation(int max_drafts_, bool tree_, double accuracy_) : max_drafts{max_drafts_}, tree{tree_}, accuracy{accuracy_}
+  {
+  }
+
   int max_drafts  = 4;     ///< drafts (chain) or draft nodes (tree) per request and step, at most
   bool tree       = false;
   double accuracy = 0.7;   ///< chance that a draft on the target's path carries the target's token
+  /// Optional: the drafts of a request in this step (e.g. from a speculation-length
+  /// controller), at most `max_drafts`; default: uniform in [0, max_drafts].
+  std::function<int(std::uint64_t)> drafts;
+  /// Optional: a request's own drafter accuracy; default: `accuracy`.
+  std::function<double(std::uint64_t)> accuracy_of;
+};
+
+/// One request's part of the last speculative step.
+struct step_outcome {
+  int drafted = 0, accepted = 0, committed = 0;
 };
 
 /// What a run of steps did (sums over steps and requests).
@@ -130,6 +145,8 @@ class decoder {
   [[nodiscard]] std::vector<std::int32_t> const& tokens(std::uint64_t id) const { return requests_.at(id).tokens; }
   [[nodiscard]] std::int32_t length(std::uint64_t id) const { return requests_.at(id).length; }
   [[nodiscard]] decode_stats const& stats() const noexcept { return stats_; }
+  /// Per request of the last speculative step: drafts verified, accepted, rows committed.
+  [[nodiscard]] std::map<std::uint64_t, step_outcome> const& last_step() const noexcept { return last_; }
   /// Per (request, position): a digest of the attention outputs of every layer of the
   /// committed query at that position (so two runs can be compared bit for bit).
   [[nodiscard]] std::map<std::pair<std::uint64_t, std::int32_t>, std::uint64_t> const& digests() const noexcept
@@ -172,6 +189,7 @@ class decoder {
     auto const& c = ops_.config();
     int const Q   = c.max_queries;
     std::vector<entry> batch;
+    last_.clear();
     std::vector<std::int32_t> ring_counts(std::size_t(c.max_requests), 0);
     std::vector<ring_tag> ring_rows(std::size_t(c.max_requests) * Q, ring_tag{});
     for (auto id : ids) {
@@ -225,6 +243,7 @@ class decoder {
       int const kept = out.committed[b];
       stats_.drafted += e.nodes() - 1;
       stats_.accepted += out.accepted[b];
+      last_[e.id] = {e.nodes() - 1, out.accepted[b], kept};
       if (kept < out.accepted[b] + 1) { ++stats_.cut; }
       for (int k = 0; k < kept; ++k) {
         int const node = k == 0 ? 0 : out.accepted_nodes[b * std::size_t(d) + std::size_t(k - 1)];
@@ -306,14 +325,15 @@ class decoder {
   /// hangs below one of the three nodes before it.
   void draft(entry& e, int max_drafts, speculation const& s, oracle const& target, std::mt19937_64& rng)
   {
-    int const n = int(rng() % std::uint64_t(max_drafts + 1));
+    int const n = s.drafts ? std::clamp(s.drafts(e.id), 0, max_drafts) : int(rng() % std::uint64_t(max_drafts + 1));
+    double const accuracy = s.accuracy_of ? s.accuracy_of(e.id) : s.accuracy;
     std::vector<bool> on_path = {true}, correct_child = {false};
     std::uniform_real_distribution<double> chance(0.0, 1.0);
     for (int m = 1; m <= n; ++m) {
       std::int32_t const p = s.tree ? std::int32_t(m - 1 - int(rng() % std::uint64_t(std::min(m, 3)))) : m - 1;
       std::int32_t const depth = e.depth[std::size_t(p)] + 1;
       std::int32_t const truth = on_path[std::size_t(p)] ? target(e.id, e.length + depth) : -1;
-      bool const right = on_path[std::size_t(p)] && !correct_child[std::size_t(p)] && chance(rng) < s.accuracy;
+      bool const right = on_path[std::size_t(p)] && !correct_child[std::size_t(p)] && chance(rng) < accuracy;
       std::int32_t token = right ? truth : std::int32_t(rng() % std::uint64_t(model_.vocab()));
       if (!right && token == truth) { token = (token + 1) % model_.vocab(); }
       if (right) { correct_child[std::size_t(p)] = true; }
@@ -417,6 +437,7 @@ class decoder {
   std::map<std::uint64_t, request> requests_;
   std::map<std::pair<std::uint64_t, std::int32_t>, std::uint64_t> digests_;
   decode_stats stats_;
+  std::map<std::uint64_t, step_outcome> last_;
 };
 
 /// Sum of every group's counters.

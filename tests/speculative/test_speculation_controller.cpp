@@ -1,0 +1,153 @@
+// The load-aware speculation length (speculation_controller.hpp): running acceptance
+// estimates, an allocation that is optimal for its model (checked against brute force),
+// and the expected reactions — good drafters get longer drafts, expensive or pressured
+// steps shorter ones, limits are kept, bad arguments refused.
+#include <dhisparse/speculation_controller.hpp>
+
+#include "random.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+using namespace dhisparse;
+
+namespace {
+
+/// Verified chain drafts of a drafter whose every next draft is right with probability a.
+int accepted_of(std::mt19937_64& g, double a, int drafted)
+{
+  std::bernoulli_distribution right(a);
+  int k = 0;
+  while (k < drafted && right(g)) { ++k; }
+  return k;
+}
+
+int total(std::vector<std::int32_t> const& v) { return std::accumulate(v.begin(), v.end(), 0); }
+
+}  // namespace
+
+TEST_CASE("speculation controller: acceptance estimates follow each request's drafter", "[speculative][controller]")
+{
+  auto g = test::seeded_engine("controller acceptance");
+  speculation_settings s;
+  s.memory = 0.98;
+  speculation_controller c(3, s);
+  REQUIRE(c.acceptance(0) == Approx(s.prior_acceptance));
+  double const truth[3] = {0.9, 0.6, 0.2};
+  for (int step = 0; step < 3000; ++step) {
+    for (int r = 0; r < 3; ++r) { c.observe(r, 5, accepted_of(g, truth[r], 5)); }
+  }
+  for (int r = 0; r < 3; ++r) {
+    INFO("request " << r);
+    REQUIRE(std::abs(c.acceptance(r) - truth[r]) < 0.06);
+  }
+  REQUIRE(c.expected_tokens(0, 3) == Approx(1 + c.acceptance(0) + std::pow(c.acceptance(0), 2) +
+                                            std::pow(c.acceptance(0), 3)));
+  c.reset(2);
+  REQUIRE(c.acceptance(2) == Approx(s.prior_acceptance));
+}
+
+TEST_CASE("speculation controller: the chosen lengths maximize tokens per step time (brute force)",
+          "[speculative][controller]")
+{
+  auto g = test::seeded_engine("controller optimal");
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    speculation_settings s;
+    s.max_drafts          = 4;
+    s.cost                = {u(g) * 50.0, 0.2 + u(g) * 3.0, u(g)};
+    int const n           = 1 + int(g() % 3);
+    speculation_controller c(n, s);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < 20; ++k) { c.observe(r, 4, accepted_of(g, u(g), 4)); }
+    }
+    speculation_load load{u(g) * 8.0, u(g)};
+    std::vector<std::int32_t> requests(static_cast<std::size_t>(n)), chosen(static_cast<std::size_t>(n));
+    std::iota(requests.begin(), requests.end(), 0);
+    double const rate = c.choose(requests.data(), n, load, chosen.data());
+    double best       = 0.0;
+    std::vector<std::int32_t> d(static_cast<std::size_t>(n), 0);
+    for (int code = 0; code < int(std::pow(5, n)); ++code) {  // every d vector in [0, 4]^n
+      double tokens = 0.0;
+      long drafts   = 0;
+      for (int r = 0, x = code; r < n; ++r, x /= 5) {
+        d[std::size_t(r)] = x % 5;
+        tokens += c.expected_tokens(r, x % 5);
+        drafts += x % 5;
+      }
+      best = std::max(best, tokens / c.step_time(n, drafts, load));
+    }
+    double tokens = 0.0;
+    for (int r = 0; r < n; ++r) { tokens += c.expected_tokens(r, chosen[std::size_t(r)]); }
+    INFO("trial " << trial);
+    REQUIRE(rate == Approx(best).epsilon(1e-12));
+    REQUIRE(tokens / c.step_time(n, total(chosen), load) == Approx(best).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("speculation controller: good drafters, cheap steps and free pools get longer drafts",
+          "[speculative][controller]")
+{
+  speculation_settings s;
+  s.max_drafts = 7;
+  s.cost       = {30.0, 1.0, 0.1};
+  s.memory     = 1.0;
+  speculation_controller c(4, s);
+  for (int k = 0; k < 200; ++k) {  // exact acceptance rates 0.95, 0.8, 0.5, 0.1
+    c.observe(0, 20, k % 20 == 0 ? 19 : 20);
+    c.observe(1, 5, k % 5 == 0 ? 4 : 5);
+    c.observe(2, 1, k % 2);
+    c.observe(3, 1, k % 10 == 0);
+  }
+  std::vector<std::int32_t> const requests = {0, 1, 2, 3};
+  std::vector<std::int32_t> d(4);
+  speculation_load const calm{2.0, 0.3};
+  c.choose(requests.data(), 4, calm, d.data());
+  REQUIRE(d[0] >= d[1]);
+  REQUIRE(d[1] >= d[2]);
+  REQUIRE(d[2] >= d[3]);
+  REQUIRE(d[0] == 7);
+  REQUIRE(d[3] <= 1);
+
+  // Each draft query costs more (more fetched rows): fewer drafts.
+  std::vector<std::int32_t> costly(4);
+  c.choose(requests.data(), 4, speculation_load{60.0, 0.3}, costly.data());
+  REQUIRE(total(costly) < total(d));
+  // The pool is nearly full: drafts shrink.
+  std::vector<std::int32_t> pressed(4);
+  c.choose(requests.data(), 4, speculation_load{2.0, 0.99}, pressed.data());
+  REQUIRE(total(pressed) < total(d));
+  // A large fixed step cost makes drafts cheap in comparison: more of them.
+  speculation_settings heavy = s;
+  heavy.cost.fixed           = 1000.0;
+  speculation_controller h(4, heavy);
+  for (int k = 0; k < 200; ++k) { h.observe(2, 1, k % 2); }
+  std::vector<std::int32_t> one(1);
+  std::int32_t const r2 = 2;
+  h.choose(&r2, 1, calm, one.data());
+  REQUIRE(one[0] > d[2]);
+  // Per-request limits are kept.
+  std::vector<std::int32_t> const limit = {2, 7, 0, 7};
+  c.choose(requests.data(), 4, calm, d.data(), limit.data());
+  REQUIRE(d[0] <= 2);
+  REQUIRE(d[2] == 0);
+}
+
+TEST_CASE("speculation controller: bad arguments are refused", "[speculative][controller]")
+{
+  speculation_settings s;
+  REQUIRE_THROWS_WITH(speculation_controller(0, s), Catch::Contains("max_requests"));
+  s.prior_acceptance = 1.0;
+  REQUIRE_THROWS_WITH(speculation_controller(2, s), Catch::Contains("prior_acceptance"));
+  s                = speculation_settings{};
+  s.cost.per_query = 0.0;
+  REQUIRE_THROWS_WITH(speculation_controller(2, s), Catch::Contains("costs"));
+  speculation_controller c(2, speculation_settings{});
+  REQUIRE_THROWS_WITH(c.observe(2, 1, 0), Catch::Contains("out of range"));
+  REQUIRE_THROWS_WITH(c.observe(0, 1, 2), Catch::Contains("accepted"));
+  REQUIRE_THROWS_WITH(c.choose(nullptr, 1, speculation_load{}, nullptr), Catch::Contains("null"));
+}
