@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -377,7 +378,21 @@ std::unique_ptr<H> make_hierarchy(shared_store& store, int max_queries, std::int
 
 int main(int argc, char** argv)
 {
-  auto const opt = bench::options::parse(argc, argv);
+  // --batches B1,B2,…: only these batch sizes (the rest of the arguments: bench::options).
+  std::vector<int> only_batches;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--batches" && i + 1 < argc) {
+      for (char const* c = argv[++i]; *c != '\0'; c += *c == ',') {
+        char* end = nullptr;
+        only_batches.push_back(int(std::strtol(c, &end, 10)));
+        c = end;
+      }
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  auto const opt = bench::options::parse(int(args.size()), args.data());
   cudaStream_t stream;
   DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   double const memcpy_gbps = bench::measure_h2d_memcpy_gbps(std::size_t{1} << 30, stream);
@@ -404,7 +419,9 @@ int main(int argc, char** argv)
   report.set("top_k", K);
   report.set("row_bytes", double(row::bytes));
 
-  std::vector<int> const batches = opt.quick ? std::vector<int>{1, 16} : std::vector<int>{1, 16, 128, 512};
+  std::vector<int> const batches = !only_batches.empty() ? only_batches
+                                  : opt.quick             ? std::vector<int>{1, 16}
+                                                          : std::vector<int>{1, 16, 128, 512};
   std::vector<double> const keeps = {0.86, 0.99};
   int const warmup = opt.warmup + 5;
   std::printf("(times on the device only: a spin kernel ahead of each timed call hides host launch latency)\n");

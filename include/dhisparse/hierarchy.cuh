@@ -473,9 +473,10 @@ class kv_hierarchy {
   }
 
   /**
-   * @brief `resolve` and `retrieve` of one group in the same launch(es): each request's block
-   *        copies its own missed rows (all layers of the group) right after allocating them.
-   *        The lowest latency when nothing needs to overlap the copy; `retrieve(g)` may still
+   * @brief `resolve` and `retrieve` (all layers of the group) in one call: the rows are
+   *        copied by the allocate blocks (batches of 16 or more) or by a gather launched
+   *        as a programmatic dependent of allocate, so no launch gap separates them. The
+   *        lowest latency when nothing needs to overlap the copy; `retrieve(g)` may still
    *        replay the plan (e.g. for a layer range).
    */
   void resolve_and_retrieve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream,

@@ -14,19 +14,23 @@
  * shape) reach the eviction policy (`selection_context::score`, the highest per row).
  *
  * ## What one resolve does (all requests of the batch, stream-ordered, no host sync)
- * 1. `lookup`, one block per request: every valid selection of a committed position is
- *    looked up in the residency map; a hit pins the slot for this step and updates its
- *    policy state once; misses are collected once each, in ascending position order (host
- *    address order within the request's pages);
+ * 1. `lookup`, tiles of 256 entries (a request spans several, so a small batch still
+ *    fills the device): every valid selection of a committed position is looked up in the
+ *    residency map; a hit pins the slot for this step and updates its policy state once;
+ *    misses are marked once each in the request's bitmap and counted;
  * 2. `reclaim` (shared budgets only): when the free slots cannot serve the step's misses and
  *    tails, clean unpinned optional rows of all requests are released in the budget's
  *    reclaim order — no bytes move, the host store holds them;
- * 3. `allocate`, one block per request: its tail rows, then its misses, get slots — spare
+ * 3. `allocate`, one block per request, launched early (programmatic dependent launch)
+ *    and waiting on the device for its predecessor: lists the misses in ascending position
+ *    order (host address order within the request's pages); its tail rows, then its
+ *    misses, get slots — spare
  *    slots of the request first, then the free pool up to its cap, then (per-request
  *    budgets) its own rows that are neither pinned nor dirty, in the eviction policy's
  *    order; every miss becomes a plan entry (host row → slot) and every tail row a dirty
  *    slot (`tail_slots`); the slot table gets every entry's slot. With `fetch_rows` the
- *    block also copies its missed rows.
+ *    rows are copied as well (in the allocate blocks, or by a dependent gather for
+ *    batches under 16).
  * After `retrieve` has copied the plan, every slot in the slot table holds exactly the
  * committed bytes of its (request, position) for every layer of the group. Rows of batch
  * entries b ≥ the batch size are not written; rows of queries q ≥ Q_b are -1.
@@ -74,8 +78,10 @@ struct resolve_params {
   /// Blocks of the cooperative reclaim kernel (0: computed at launch).
   std::int32_t reclaim_blocks;
   reclaim_scratch_ref reclaim;     ///< shared budgets: the pool's reclaim scratch
-  /// Copy the missed rows in the same launch (each request's block copies its own), so
-  /// that no `retrieve` is needed; the plan is written as well, for replays.
+  /// Copy the missed rows too, so that no `retrieve` is needed (the plan stays, for
+  /// replays): batches of 16 or more requests copy in their allocate blocks, overlapping
+  /// with the other requests' allocation; smaller ones with a device-wide gather launched
+  /// as a programmatic dependent of allocate.
   bool fetch_rows;
 };
 

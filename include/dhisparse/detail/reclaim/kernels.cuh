@@ -43,7 +43,7 @@ enum segment_mode : std::int32_t {
   mode_tie    = 4,  ///< selecting the threshold tie-break among the threshold key
 };
 enum segment_field : int { f_target, f_remaining, f_mode, f_eligible, f_ties, f_fields = 6 };
-enum scalar_index : int { s_candidates, s_key_min, s_key_max, s_tie_min, s_tie_max, s_any_tie, s_scalars = 8 };
+enum scalar_index : int { s_candidates, s_key_min, s_key_max, s_tie_min, s_tie_max, s_any_tie, s_ties, s_scalars = 8 };
 
 inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, reclaim_scratch_ref* out,
                                  void* memory)
@@ -56,6 +56,7 @@ inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, 
   };
   reclaim_scratch_ref s{};
   s.candidates = reinterpret_cast<std::int32_t*>(take(std::size_t(num_slots) * 4));
+  s.ties       = reinterpret_cast<std::int32_t*>(take(std::size_t(num_slots) * 4));
   s.hist       = reinterpret_cast<std::uint32_t*>(take(std::size_t(segments) * 2 * 256 * 4));
   s.segment    = reinterpret_cast<std::int32_t*>(take(std::size_t(segments) * f_fields * 4));
   s.prefix     = reinterpret_cast<std::uint64_t*>(take(std::size_t(segments) * 2 * 8));
@@ -82,6 +83,49 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int warp_append(int* counter, bool pred)
   if (lane == 0 && ballot != 0) { base = atomicAdd(counter, __popc(ballot)); }
   base = __shfl_sync(0xFFFFFFFFu, base, 0);
   return base + __popc(ballot & ((1u << lane) - 1));
+}
+
+/**
+ * Block-aggregated `atomicAdd(counter, 1)` for the threads where `pred` holds (one atomic
+ * per block and call, not per warp: a pool-wide pass would otherwise queue hundreds of
+ * thousands of atomics on one address); returns the thread's index. Every thread of the
+ * block calls it.
+ */
+template <int Block>
+DHISPARSE_DEVICE int block_append(int* counter, bool pred)
+{
+  using scan = cub::BlockScan<int, Block>;
+  __shared__ typename scan::TempStorage temp;
+  __shared__ int base;
+  int rank = 0, total = 0;
+  scan(temp).ExclusiveSum(int(pred), rank, total);
+  if (threadIdx.x == 0) { base = total > 0 ? atomicAdd(counter, total) : 0; }
+  __syncthreads();
+  int const at = base + rank;
+  __syncthreads();  // base and temp are reused by the next call
+  return at;
+}
+
+/// `atomicAdd(counter + index, amount)` once per distinct index among the converged lanes
+/// that call it (rows of one request, digits of one bin, are often many in one warp).
+template <class T>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void aggregated_add(T* counter, unsigned index, T amount)
+{
+  unsigned const peers  = __match_any_sync(__activemask(), index);
+  int const leader      = __ffs(peers) - 1;
+  if (int(threadIdx.x & 31) == leader) { atomicAdd(counter + index, amount * T(__popc(peers))); }
+}
+
+/// Warp-wide minimum and maximum of 64-bit values (every lane gets them).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_min_max(std::uint64_t& lo, std::uint64_t& hi)
+{
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    std::uint64_t const l = __shfl_xor_sync(0xFFFFFFFFu, lo, o);
+    std::uint64_t const h = __shfl_xor_sync(0xFFFFFFFFu, hi, o);
+    lo                    = l < lo ? l : lo;
+    hi                    = h > hi ? h : hi;
+  }
 }
 
 /**
@@ -168,12 +212,13 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   }
   __syncthreads();
 
-  // 1. Candidates.
+  // 1. Candidates (their keys cached in pool.keys), with the bounds of keys and ties.
   std::int32_t const limit = *pool.limit;
+  std::uint64_t my_kmin = ~0ull, my_kmax = 0, my_tmin = ~0ull, my_tmax = 0;
   for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < limit; base += threads) {
     std::int32_t const slot = std::int32_t(base + threadIdx.x);
     bool const ok           = slot < limit && eligible(pool, slot, p.pin_epoch);
-    int const at            = warp_append(count, ok);
+    int const at            = block_append<Block>(count, ok);
     if (ok) {
       std::int32_t const pos   = pool.position[slot];
       std::int32_t const owner = pool.owner[slot];
@@ -181,12 +226,20 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
       std::uint64_t const tie  = (std::uint64_t(pos) << owner_bits) | std::uint64_t(owner);
       pool.keys[slot]          = key;
       s.candidates[at]         = slot;
-      atomicMin(&kmin, key);
-      atomicMax(&kmax, key);
-      atomicMin(&tmin, tie);
-      atomicMax(&tmax, tie);
-      if (fair) { atomicAdd(&s.segment[owner * f_fields + f_eligible], 1); }
+      my_kmin                  = min(my_kmin, key);
+      my_kmax                  = max(my_kmax, key);
+      my_tmin                  = min(my_tmin, tie);
+      my_tmax                  = max(my_tmax, tie);
+      if (fair) { aggregated_add(s.segment + f_eligible, unsigned(owner * f_fields), 1); }
     }
+  }
+  warp_min_max(my_kmin, my_kmax);
+  warp_min_max(my_tmin, my_tmax);
+  if ((threadIdx.x & 31) == 0) {
+    atomicMin(&kmin, my_kmin);
+    atomicMax(&kmax, my_kmax);
+    atomicMin(&tmin, my_tmin);
+    atomicMax(&tmax, my_tmax);
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // minima are kept complemented, so that zero is "none yet"
@@ -237,8 +290,10 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
         __syncthreads();
       }
       int const active_mode = level == 0 ? mode_key : mode_tie;
-      for (std::int64_t c = first; c < n; c += threads) {
-        std::int32_t const slot = s.candidates[c];
+      std::int32_t const* list = level == 0 ? s.candidates : s.ties;
+      std::int64_t const m     = level == 0 ? n : *reinterpret_cast<int const*>(scalars + s_ties);
+      for (std::int64_t c = first; c < m; c += threads) {
+        std::int32_t const slot = list[c];
         int const g             = segment_of(slot);
         if (s.segment[g * f_fields + f_mode] != active_mode) { continue; }
         std::uint64_t const key = pool.keys[slot];
@@ -250,9 +305,9 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
         if (((v ^ s.prefix[2 * g + level]) >> shift >> 8) != 0) { continue; }
         unsigned const d = unsigned(v >> shift) & 255u;
         if (fair) {
-          atomicAdd(h + std::size_t(g) * 256 + d, 1u);
+          aggregated_add(h, unsigned(g) * 256u + d, 1u);
         } else {
-          atomicAdd(&hist[d], 1u);
+          aggregated_add(hist, d, 1u);
         }
       }
       if (!fair) {
@@ -292,6 +347,21 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
       }
       grid.sync();
       if (scalars[s_any_tie] == 0) { break; }
+      // The tie-break passes read only the candidates at their segment's threshold key.
+      auto* ties = reinterpret_cast<int*>(scalars + s_ties);
+      for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < n; base += threads) {
+        std::int64_t const c = base + threadIdx.x;
+        std::int32_t slot    = -1;
+        bool tied            = false;
+        if (c < n) {
+          slot        = s.candidates[c];
+          int const g = segment_of(slot);
+          tied        = s.segment[g * f_fields + f_mode] == mode_tie && pool.keys[slot] == s.prefix[2 * g];
+        }
+        int const at = block_append<Block>(ties, tied);
+        if (tied) { s.ties[at] = slot; }
+      }
+      grid.sync();
     }
   }
 
@@ -316,7 +386,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
         default: break;
       }
     }
-    int const at = warp_append(pool.free_count, take);
+    int const at = block_append<Block>(pool.free_count, take);
     if (take) {
       *p.map.entry(owner, p.group, pool.position[slot]) = not_resident;
       pool.owner[slot]    = -1;
@@ -324,7 +394,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
       pool.state[slot]    = 0;
       pool.touched[slot]  = 0;
       pool.free_stack[at] = slot;
-      atomicSub(pool.owned_count + owner, 1);
+      aggregated_add(pool.owned_count, unsigned(owner), -1);
       ++released;
     }
   }
@@ -363,6 +433,7 @@ DHISPARSE_KERNEL void __launch_bounds__(Block)
   using reduce = cub::BlockReduce<long long, Block>;
   __shared__ typename reduce::TempStorage temp;
   __shared__ long long rows;
+  launch_dependents();  // allocate waits for this grid on the device
   int const size = *batch.size;
   long long mine = 0;
   for (int b = threadIdx.x; b < size; b += Block) {

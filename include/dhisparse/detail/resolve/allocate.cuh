@@ -1,10 +1,14 @@
 /**
  * @file detail/resolve/allocate.cuh
- * @brief Last kernel of resolve: one block per request. Gives its tail rows, then its
- *        misses (ascending), slots — its spare slots first, then the free pool up to its
+ * @brief Last kernel of resolve: one block per request. Lists its misses (ascending,
+ *        from the bitmap `lookup` marked), then gives its tail rows, then its misses,
+ *        slots — its spare slots first, then the free pool up to its
  *        cap, then (per-request budgets) victims among its own rows — maps them, writes
  *        the plan and the tail slots, and fills the slot-table entries `lookup` left
- *        pending.
+ *        pending. With `fetch_rows` small batches get the gather of the plan as a
+ *        dependent launch (`fetch_kernel`, all SMs on a few requests' rows) and larger
+ *        ones copy their rows in the allocate block (copies overlap other requests'
+ *        allocation).
  */
 #pragma once
 
@@ -13,7 +17,10 @@
 #include <dhisparse/detail/resolve/victims.cuh>
 #include <dhisparse/detail/resolve/workspace.cuh>
 #include <dhisparse/resolve.cuh>
+#include <dhisparse/retrieve.cuh>
 #include <dhisparse/status.hpp>
+
+#include <cub/block/block_scan.cuh>
 
 #include <cstdint>
 #include <type_traits>
@@ -91,16 +98,69 @@ DHISPARSE_DEVICE void block_copy_rows(miss_entry const* entries, int n, std::byt
 }
 
 /**
- * The allocation of batch entry b (see the file comment); with `p.fetch_rows` the block
- * also copies its missed rows.
+ * Appends, in ascending order, the set bits of `bits[words[0, n)]` (bit i of word w is
+ * position 32 w + i) to `out` and clears those words. Returns the number appended.
+ * Block-wide.
  */
+template <int Block, class Scan>
+DHISPARSE_DEVICE int drain_bits(std::uint32_t* bits, std::int32_t const* words, int n, std::int32_t* out,
+                                typename Scan::TempStorage& temp)
+{
+  int written = 0;
+  for (int base = 0; base < n; base += Block) {
+    int const i             = base + int(threadIdx.x);
+    std::int32_t const word = i < n ? words[i] : -1;
+    std::uint32_t v         = word >= 0 ? bits[word] : 0u;
+    int offset = 0, total = 0;
+    Scan(temp).ExclusiveSum(__popc(v), offset, total);
+    if (word >= 0) { bits[word] = 0; }
+    while (v != 0) {
+      int const bit          = __ffs(v) - 1;
+      out[written + offset++] = word * 32 + bit;
+      v &= v - 1;
+    }
+    written += total;
+    __syncthreads();  // temp is reused by the next chunk
+  }
+  return written;
+}
+
+/**
+ * Lists the non-zero words of a request's miss bitmap (from its summary bitmap, which it
+ * clears) into `words`, ascending. Block-wide; returns how many.
+ */
+template <int Block, class Scan>
+DHISPARSE_DEVICE int list_words(std::uint32_t* summary, std::int64_t summary_words, std::int32_t* words,
+                                typename Scan::TempStorage& temp)
+{
+  int written = 0;
+  for (std::int64_t base = 0; base < summary_words; base += Block) {
+    std::int64_t const i = base + threadIdx.x;
+    std::uint32_t v      = i < summary_words ? summary[i] : 0u;
+    int offset = 0, total = 0;
+    Scan(temp).ExclusiveSum(__popc(v), offset, total);
+    if (v != 0) { summary[i] = 0; }
+    while (v != 0) {
+      int const bit            = __ffs(v) - 1;
+      words[written + offset++] = std::int32_t(i * 32 + bit);
+      v &= v - 1;
+    }
+    written += total;
+    __syncthreads();
+  }
+  return written;
+}
+
+/// The allocation of batch entry b (see the file comment).
 template <class Eviction, class Budget, int Block, class Storage>
 DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view const& w, int b, std::uint32_t epoch,
-                                       Storage& vs)
+                                       bool in_block_copy, Storage& vs)
 {
   constexpr bool per_request = Budget::kind == budget_kind::per_request;
   constexpr bool counts      = Eviction::counts_selections;
   constexpr bool uses_cache  = per_request && Eviction::search == victim_search::smallest_key;
+  using scan = cub::BlockScan<int, Block>;
+  __shared__ typename scan::TempStorage temp;
   __shared__ slot_sources src;
   __shared__ int found_victims, plan_base;
   __shared__ std::uint32_t flags;
@@ -111,9 +171,39 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
   std::int64_t const entries  = w.entries;
   request_need const need     = w.need[b];
   int const rows              = need.misses + need.tails;
-  std::int32_t const* misses  = w.misses + std::int64_t(b) * entries;
+  std::int32_t* const misses  = w.misses + std::int64_t(b) * entries;
   std::int32_t* const victims = w.scratch + std::int64_t(b) * (entries + p.batch.max_queries);
   std::int32_t const owned_n  = pool.owned_count[r];
+  std::int32_t const* sel     = p.selections + std::int64_t(b) * entries;
+  std::int32_t* table         = p.slot_table + std::int64_t(b) * entries;
+  std::int64_t const live     = std::int64_t(nq) * p.top_k;
+
+  // The misses, ascending: the non-zero bitmap words from the summary, then their bits
+  // (victims reuses the word list's scratch afterwards).
+  if (need.misses > 0) {
+    int const n_words = list_words<Block, scan>(w.miss_words + std::int64_t(b) * w.summary_words, w.summary_words,
+                                                victims, temp);
+    drain_bits<Block, scan>(w.miss_bits + std::int64_t(b) * w.bitmap_words, victims, n_words, misses, temp);
+  }
+  if constexpr (counts) {
+    // The hits' hooks, once per row, now that every selection of the step is counted.
+    bool stale = false;
+    cache_bound const bound = uses_cache ? cache_bound::load(pool.cache, r) : cache_bound{};
+    for (std::int64_t i = threadIdx.x; i < live && need.hits > 0; i += Block) {
+      std::int32_t const slot = table[i];
+      if (slot < 0) { continue; }
+      std::uint32_t const count = atomicExch(pool.sel_count + slot, 0u);
+      if (count == 0) { continue; }  // another entry of the row took it
+      std::int32_t const pos  = sel[i];
+      float const score       = score_of(atomicExch(pool.sel_score + slot, 0u));
+      pool.state[slot]        = Eviction::on_hit(pool.state[slot], selection_context{epoch, pos, score, count});
+      if constexpr (uses_cache) { stale |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
+    }
+    if constexpr (uses_cache) {
+      if (__syncthreads_or(stale) && threadIdx.x == 0) { invalidate_cache(pool.cache, r); }
+    }
+  }
+  __syncthreads();
 
   if (threadIdx.x == 0) {
     std::uint32_t f       = 0;
@@ -153,7 +243,9 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
     plan_base = assigned > 0 ? atomicAdd(p.plan.count, assigned) : 0;
     pool.spare_count[r] = from.spare_top - from.spares;
     pool.owned_count[r] = owned_n + from.popped;
+    w.need[b]           = request_need{};  // for the next resolve
     group_counters* c   = pool.counters;
+    atomicAdd(&c->selected_rows, static_cast<unsigned long long>(need.hits + need.misses));
     if (assigned > 0) { atomicAdd(&c->fetched_rows, static_cast<unsigned long long>(assigned)); }
     if (tails > 0) { atomicAdd(&c->tail_rows, static_cast<unsigned long long>(tails)); }
     if (found > 0) { atomicAdd(&c->evicted_rows, static_cast<unsigned long long>(found)); }
@@ -190,23 +282,23 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
     }
   }
   for (int j = tails + int(threadIdx.x); j < p.batch.max_queries; j += Block) { tail_slots[j] = -1; }
-  __syncthreads();  // every new row is mapped, every plan entry written
-  if (p.fetch_rows && assigned > 0) {
+  __syncthreads();  // every new row is mapped, every tail slot and plan entry written
+  if (p.fetch_rows && in_block_copy && assigned > 0) {
     block_copy_rows<Block>(p.plan.entries + plan_base, assigned, pool.slab, pool.group_row_bytes);
   }
 
-  // Entries left pending by lookup: their rows have slots now (or none: -1).
-  std::int32_t const* sel = p.selections + std::int64_t(b) * entries;
-  std::int32_t* table     = p.slot_table + std::int64_t(b) * entries;
-  std::int64_t const live = std::int64_t(nq) * p.top_k;
-  if (rows > 0) {
+  // Entries left pending by lookup: their rows have slots now (or none: -1). A selected
+  // tail row has its tail's slot if the tail got one.
+  if (need.misses + need.tail_selections > 0) {
     for (std::int64_t i = threadIdx.x; i < live; i += Block) {
       if (table[i] != pending) { continue; }
-      std::int32_t const* entry = p.map.entry(r, p.group, sel[i]);
-      std::int32_t const slot   = entry != nullptr ? *entry : -1;
-      table[i]                  = slot;
+      std::int32_t const pos  = sel[i];
+      std::int32_t const slot = pos >= len ? tail_slots[pos - len] : *p.map.entry(r, p.group, pos);
+      table[i]                = slot;
       if constexpr (counts) {
-        if (slot >= 0) { accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[b * entries + i] : 0.f); }
+        if (slot >= 0) {
+          accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[std::int64_t(b) * entries + i] : 0.f);
+        }
       }
     }
   }
@@ -231,12 +323,28 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) allocate_kernel(resolve_params p,
 {
   using storage = std::conditional_t<Budget::kind == budget_kind::per_request, victim_storage<Block>, int>;
   __shared__ storage vs;
+  wait_for_prerequisites();  // launched early (programmatic dependent launch)
+  launch_dependents();       // the gather of resolve_and_retrieve waits for this grid
   std::uint32_t const epoch = *w.epoch;
   if (blockIdx.x == 0 && threadIdx.x == 0) { *p.pool.epoch = epoch; }
   int const batch = *p.batch.size;
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {
-    allocate_request<Eviction, Budget, Block>(p, w, b, epoch, vs);
+    allocate_request<Eviction, Budget, Block>(p, w, b, epoch, batch >= in_block_copy_batch, vs);
   }
+}
+
+/**
+ * The gather of `resolve_and_retrieve` (a dependent of allocate): small batches only —
+ * from `in_block_copy_batch` requests on, each allocate block has copied its own rows,
+ * overlapping the copies with the other requests' allocation.
+ */
+template <int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block, retrieve::blocks_per_sm)
+  fetch_kernel(retrieve_params p, std::int32_t const* batch_size)
+{
+  wait_for_prerequisites();
+  if (*batch_size >= in_block_copy_batch) { return; }
+  retrieve::gather(p);
 }
 
 }  // namespace dhisparse::detail::resolve

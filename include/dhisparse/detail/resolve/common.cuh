@@ -6,6 +6,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/dependent_launch.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/policy/concepts.hpp>
 

@@ -11,6 +11,7 @@
 #include <dhisparse/detail/resolve/allocate.cuh>
 #include <dhisparse/detail/resolve/lookup.cuh>
 #include <dhisparse/detail/resolve/workspace.cuh>
+#include <dhisparse/retrieve.cuh>
 #include <dhisparse/error.cuh>
 
 #include <cuda_runtime_api.h>
@@ -51,10 +52,13 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
     return cudaErrorInvalidValue;
   }
   auto const w = rd::carve(workspace, b.max_batch, b.max_queries, params.top_k, params.max_context);
-  // Blocks loop over the real batch: a launch shape that does not grow with max_batch
-  // beyond what the device runs at once.
-  unsigned const grid = unsigned(std::min(b.max_batch, 4 * detail::multiprocessor_count()));
-  rd::lookup_kernel<Eviction, Budget, rd::block_size><<<grid, rd::block_size, 0, stream>>>(params, w);
+  // Blocks loop over the real batch (its size is in device memory): launch shapes that do
+  // not grow with max_batch beyond what the device runs at once. `lookup` spreads each
+  // request over tiles, so that one request still occupies many SMs.
+  int const sms = detail::multiprocessor_count();
+  unsigned const lookup_grid =
+    unsigned(std::min<std::int64_t>(std::int64_t(b.max_batch) * rd::lookup_tiles(entries), 4 * sms));
+  rd::lookup_kernel<Eviction, Budget, rd::lookup_block><<<lookup_grid, rd::lookup_block, 0, stream>>>(params, w);
   if constexpr (reclaims) {
     auto kernel = rc::resolve_reclaim_kernel<Eviction, rc::block_size>;
     int const blocks =
@@ -79,7 +83,23 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
                                                                0, stream);
     if (launched != cudaSuccess) { return launched; }
   }
-  rd::allocate_kernel<Eviction, Budget, rd::block_size><<<grid, rd::block_size, 0, stream>>>(params, w);
+  // allocate starts while its predecessor finishes (its blocks wait on the device, not
+  // behind a launch gap); so does the gather of the missed rows.
+  cudaError_t launched = detail::launch_dependent(rd::allocate_kernel<Eviction, Budget, rd::block_size>,
+                                                  unsigned(std::min(b.max_batch, 4 * sms)), rd::block_size,
+                                                  stream, params, w);
+  if (launched == cudaSuccess && params.fetch_rows) {
+    retrieve_params rp{};
+    rp.plan            = params.plan;
+    rp.slab            = params.pool.slab;
+    rp.group_row_bytes = params.pool.group_row_bytes;
+    rp.byte_begin      = 0;
+    rp.byte_end        = params.pool.group_row_bytes;
+    launched = detail::launch_dependent(rd::fetch_kernel<detail::retrieve::block_size>,
+                                        unsigned(detail::retrieve::default_blocks()),
+                                        detail::retrieve::block_size, stream, rp, b.size);
+  }
+  if (launched != cudaSuccess) { return launched; }
   return detail::check_launch(stream);
 }
 

@@ -1,9 +1,11 @@
 /**
  * @file detail/resolve/lookup.cuh
- * @brief First kernel of resolve: one block per request (a grid-stride loop over the real
- *        batch). Validates every entry, pins hits (the policy's `on_hit` once per row),
- *        marks misses in a bitmap (the union over queries and duplicates), writes the
- *        slot table of hits, and lists the misses in ascending position order.
+ * @brief First kernel of resolve: tiles of `lookup_block` entries, several per request, so
+ *        that a small batch still spreads over the device. Validates every entry, pins
+ *        hits (the policy's `on_hit` once per row, or the per-step accumulators of
+ *        policies that count selections), marks misses in the request's bitmap (the union
+ *        over queries and duplicates) and counts them, and writes the slot table of hits.
+ *        Misses and selected tail rows are left `pending` for `allocate`.
  */
 #pragma once
 
@@ -13,193 +15,145 @@
 #include <dhisparse/resolve.cuh>
 #include <dhisparse/status.hpp>
 
-#include <cub/block/block_scan.cuh>
-
 #include <cstdint>
 
 namespace dhisparse::detail::resolve {
 
 /**
- * Appends, in ascending order, the set bits of `bits[words[0, n)]` (bit i of word w is
- * position 32 w + i) to `out` and clears those words. Returns the number appended.
- * Block-wide.
+ * Tail rows of batch entry b: the prefix of its Q tails that has storage and no
+ * uncommitted predecessor. Block-wide (threads check tails in parallel); returns the
+ * count and ORs the reason of the first refused tail into `flags`.
  */
-template <int Block, class Scan>
-DHISPARSE_DEVICE int drain_bits(std::uint32_t* bits, std::int32_t const* words, int n, std::int32_t* out,
-                                typename Scan::TempStorage& temp)
+DHISPARSE_DEVICE inline int count_tails(resolve_params const& p, std::int32_t r, std::int32_t nq, std::int32_t len,
+                                 std::uint32_t& flags)
 {
-  int written = 0;
-  for (int base = 0; base < n; base += Block) {
-    int const i             = base + int(threadIdx.x);
-    std::int32_t const word = i < n ? words[i] : -1;
-    std::uint32_t v         = word >= 0 ? bits[word] : 0u;
-    int offset = 0, total = 0;
-    Scan(temp).ExclusiveSum(__popc(v), offset, total);
-    if (word >= 0) { bits[word] = 0; }
-    while (v != 0) {
-      int const bit          = __ffs(v) - 1;
-      out[written + offset++] = word * 32 + bit;
-      v &= v - 1;
+  __shared__ int first_refused;
+  if (threadIdx.x == 0) { first_refused = nq; }
+  __syncthreads();
+  std::uint32_t reason = 0;
+  int mine             = nq;
+  for (int t = threadIdx.x; t < nq; t += blockDim.x) {
+    std::int32_t const pos    = len + t;
+    std::int32_t const* entry = p.map.entry(r, p.group, pos);
+    std::uint32_t why         = 0;
+    if (pos >= p.batch.capacities[r] || entry == nullptr || p.host.group_row(r, pos, p.layout) == nullptr) {
+      why = status_capacity_exceeded;
+    } else if (*entry != not_resident) {  // an earlier resolve's tail was never committed
+      why = status_uncommitted_tail;
     }
-    written += total;
-    __syncthreads();  // temp is reused by the next chunk
+    if (why != 0 && t < mine) {
+      mine   = t;
+      reason = why;
+    }
   }
-  return written;
+  if (mine < nq) { atomicMin(&first_refused, mine); }
+  __syncthreads();
+  int const tails = first_refused;
+  if (mine == tails && mine < nq) { atomicOr(&flags, reason); }
+  return tails;
 }
 
-/**
- * Lists the non-zero words of a request's miss bitmap (from its summary bitmap, which it
- * clears) into `words`, ascending. Block-wide; returns how many.
- */
-template <int Block, class Scan>
-DHISPARSE_DEVICE int list_words(std::uint32_t* summary, std::int64_t summary_words, std::int32_t* words,
-                                typename Scan::TempStorage& temp)
-{
-  int written = 0;
-  for (std::int64_t base = 0; base < summary_words; base += Block) {
-    std::int64_t const i = base + threadIdx.x;
-    std::uint32_t v      = i < summary_words ? summary[i] : 0u;
-    int offset = 0, total = 0;
-    Scan(temp).ExclusiveSum(__popc(v), offset, total);
-    if (v != 0) { summary[i] = 0; }
-    while (v != 0) {
-      int const bit            = __ffs(v) - 1;
-      words[written + offset++] = std::int32_t(i * 32 + bit);
-      v &= v - 1;
-    }
-    written += total;
-    __syncthreads();
-  }
-  return written;
-}
-
+/// One tile: entries [first, first + Block) of batch entry b (one per thread).
 template <class Eviction, class Budget, int Block>
-DHISPARSE_DEVICE void lookup_request(resolve_params const& p, workspace_view const& w, int b,
-                                     std::uint32_t epoch)
+DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const& w, int b, std::int64_t first,
+                                  std::uint32_t epoch)
 {
-  using scan = cub::BlockScan<int, Block>;
-  __shared__ typename scan::TempStorage temp;
-  __shared__ int tails, hits;
+  __shared__ int tile_hits, tile_misses, tile_tail_selections;
   __shared__ std::uint32_t flags;
-  constexpr bool counts      = Eviction::counts_selections;
-  constexpr bool uses_cache  = Budget::kind == budget_kind::per_request &&
-                               Eviction::search == victim_search::smallest_key;
-  auto const& pool           = p.pool;
-  std::int32_t const r       = p.batch.requests[b];
-  std::int32_t const nq      = p.batch.queries[b];
-  std::int32_t const len     = p.batch.lengths[r];
-  std::int64_t const entries = w.entries;
-  std::int32_t const* sel    = p.selections + std::int64_t(b) * entries;
-  float const* scores        = p.scores != nullptr ? p.scores + std::int64_t(b) * entries : nullptr;
-  std::int32_t* table        = p.slot_table + std::int64_t(b) * entries;
-  std::uint32_t* bits        = w.miss_bits + std::int64_t(b) * w.bitmap_words;
-  std::uint32_t* summary     = w.miss_words + std::int64_t(b) * w.summary_words;
+  constexpr bool counts     = Eviction::counts_selections;
+  constexpr bool uses_cache = Budget::kind == budget_kind::per_request &&
+                              Eviction::search == victim_search::smallest_key;
+  auto const& pool          = p.pool;
+  std::int64_t const i      = first + threadIdx.x;
+  bool const in_tile        = i < w.entries;
+  // The independent loads first: the selection, and the request's row of the batch.
+  std::int32_t pos       = in_tile ? p.selections[std::int64_t(b) * w.entries + i] : -1;
+  std::int32_t const r   = p.batch.requests[b];
+  std::int32_t const nq  = p.batch.queries[b];
+  std::int32_t const len = p.batch.lengths[r];
   cache_bound bound{};
   if constexpr (uses_cache) { bound = cache_bound::load(pool.cache, r); }
-
   if (threadIdx.x == 0) {
-    // Tail rows: a prefix of the Q tails that has storage and no uncommitted predecessor.
-    std::uint32_t f = 0;
-    int t           = 0;
-    while (t < nq) {
-      std::int32_t const pos    = len + t;
-      std::int32_t const* entry = p.map.entry(r, p.group, pos);
-      if (pos >= p.batch.capacities[r] || entry == nullptr || p.host.group_row(r, pos, p.layout) == nullptr) {
-        f |= status_capacity_exceeded;
-        break;
-      }
-      if (*entry != not_resident) {  // an earlier resolve's tail was never committed
-        f |= status_uncommitted_tail;
-        break;
-      }
-      ++t;
-    }
-    tails  = t;
-    flags  = f;
-    hits   = 0;
+    tile_hits = tile_misses = tile_tail_selections = 0;
+    flags                                          = 0;
   }
   __syncthreads();
+  int const q = int(i / p.top_k);
+  if (q >= nq) { pos = -1; }
 
-  std::uint32_t won = 0;  // bit j: this thread's j-th entry made the row's first selection
-  bool stale_cache  = false;
-  int my_hits       = 0;
-  for (int j = 0; j * Block < entries; ++j) {
-    std::int64_t const i = std::int64_t(j) * Block + threadIdx.x;
-    if (i >= entries) { break; }
-    int const q              = int(i / p.top_k);
-    std::int32_t out        = -1;
-    std::int32_t const pos  = q < nq ? sel[i] : -1;
-    if (pos != -1) {
-      if (pos < 0 || pos > len + q) {
-        atomicOr(&flags, status_invalid_selection);
-      } else if (pos >= len) {
-        out = pos - len < tails ? pending : -1;  // a tail row of this step
-      } else if (std::int32_t* entry = p.map.entry(r, p.group, pos); entry == nullptr) {
-        atomicOr(&flags, status_capacity_exceeded);
-      } else if (std::int32_t const slot = *entry; slot >= 0) {
-        out             = slot;
-        bool const first = atomicExch(pool.touched + slot, epoch) != epoch;
-        my_hits += first;
-        if constexpr (counts) {
-          accumulate_selection(pool, slot, scores != nullptr ? scores[i] : 0.f);
-          won |= std::uint32_t(first) << j;
-        } else if (first) {
-          pool.state[slot] = Eviction::on_hit(pool.state[slot], selection_context{epoch, pos, 0.f, 1u});
+  std::int32_t out = -1;
+  if (pos != -1) {
+    if (pos < 0 || pos > len + q) {
+      atomicOr(&flags, status_invalid_selection);
+    } else if (pos >= len) {
+      out = pending;  // a tail row of this step: allocate gives it the tail's slot, or -1
+      atomicAdd(&tile_tail_selections, 1);
+    } else if (std::int32_t* entry = p.map.entry(r, p.group, pos); entry == nullptr) {
+      atomicOr(&flags, status_capacity_exceeded);
+    } else if (std::int32_t const slot = *entry; slot >= 0) {
+      out = slot;
+      if constexpr (counts) {
+        // The hooks run in allocate, once every selection of the row has been counted.
+        bool const first_selection = atomicExch(pool.touched + slot, epoch) != epoch;
+        accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[std::int64_t(b) * w.entries + i] : 0.f);
+        if (first_selection) { atomicAdd(&tile_hits, 1); }
+      } else {
+        policy_state const state   = pool.state[slot];  // read beside the pin: only its winner writes
+        bool const first_selection = atomicExch(pool.touched + slot, epoch) != epoch;
+        if (first_selection) {
+          atomicAdd(&tile_hits, 1);
+          policy_state const next = Eviction::on_hit(state, selection_context{epoch, pos, 0.f, 1u});
+          pool.state[slot]        = next;
           if constexpr (uses_cache) {
-            stale_cache |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos);
+            if (bound.breaks(Eviction::eviction_key(next, pos), pos)) { invalidate_cache(pool.cache, r); }
           }
         }
-      } else {
-        std::uint32_t const bit = 1u << (pos & 31);
-        if ((atomicOr(bits + (pos >> 5), bit) & bit) == 0) {
-          atomicOr(summary + (pos >> 10), 1u << ((pos >> 5) & 31));
-        }
-        out = pending;
       }
-    }
-    table[i] = out;
-  }
-  if constexpr (counts) {
-    __syncthreads();  // every selection has been accumulated
-    for (int j = 0; won != 0; ++j, won >>= 1) {
-      if ((won & 1u) == 0) { continue; }
-      std::int64_t const i    = std::int64_t(j) * Block + threadIdx.x;
-      std::int32_t const slot = table[i];
-      std::int32_t const pos  = sel[i];
-      pool.state[slot] = Eviction::on_hit(pool.state[slot], take_selection(pool, slot, epoch, pos));
-      if constexpr (uses_cache) { stale_cache |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
+    } else {
+      std::uint32_t* bits     = w.miss_bits + std::int64_t(b) * w.bitmap_words;
+      std::uint32_t const bit = 1u << (pos & 31);
+      if ((atomicOr(bits + (pos >> 5), bit) & bit) == 0) {
+        atomicOr(w.miss_words + std::int64_t(b) * w.summary_words + (pos >> 10), 1u << ((pos >> 5) & 31));
+        atomicAdd(&tile_misses, 1);
+      }
+      out = pending;
     }
   }
-  if (my_hits != 0) { atomicAdd(&hits, my_hits); }
-  if constexpr (uses_cache) {
-    if (__syncthreads_or(stale_cache) && threadIdx.x == 0) { invalidate_cache(pool.cache, r); }
-  } else {
-    __syncthreads();
-  }
-
-  // The misses, ascending: the non-zero bitmap words from the summary, then their bits.
-  std::int32_t* word_list = w.scratch + std::int64_t(b) * (entries + p.batch.max_queries);
-  int const n_words       = list_words<Block, scan>(summary, w.summary_words, word_list, temp);
-  int const n_misses = drain_bits<Block, scan>(bits, word_list, n_words, w.misses + std::int64_t(b) * entries, temp);
+  if (in_tile) { p.slot_table[std::int64_t(b) * w.entries + i] = out; }
+  int tails = 0;
+  if (first == 0) { tails = count_tails(p, r, nq, len, flags); }  // block-uniform branch
+  __syncthreads();
   if (threadIdx.x == 0) {
-    w.need[b] = request_need{n_misses, tails};
+    request_need* need = w.need + b;
+    if (first == 0) { need->tails = tails; }
+    if (tile_misses != 0) { atomicAdd(&need->misses, tile_misses); }
+    if (tile_hits != 0) { atomicAdd(&need->hits, tile_hits); }
+    if (tile_tail_selections != 0) { atomicAdd(&need->tail_selections, tile_tail_selections); }
     if (flags != 0) { atomicOr(p.status, flags); }
-    atomicAdd(&pool.counters->selected_rows, static_cast<unsigned long long>(hits + n_misses));
   }
-  __syncthreads();  // shared state is reused by the next request of this block
+  __syncthreads();  // shared state is reused by the next tile of this block
+}
+
+/// Tiles per batch entry.
+DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries)
+{
+  return int((entries + lookup_block - 1) / lookup_block);
 }
 
 template <class Eviction, class Budget, int Block>
 DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, workspace_view w)
 {
+  static_assert(Block == lookup_block);
+  launch_dependents();  // allocate may be scheduled now; it waits for this grid's results
   std::uint32_t const epoch = *p.pool.epoch + 1;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     *w.epoch      = epoch;
     *p.plan.count = 0;
   }
-  int const batch = *p.batch.size;
-  for (int b = blockIdx.x; b < batch; b += gridDim.x) {
-    lookup_request<Eviction, Budget, Block>(p, w, b, epoch);
+  int const tiles       = lookup_tiles(w.entries);
+  std::int64_t const n  = std::int64_t(*p.batch.size) * tiles;
+  for (std::int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+    lookup_tile<Eviction, Budget, Block>(p, w, int(t / tiles), std::int64_t(t % tiles) * Block, epoch);
   }
 }
 

@@ -62,12 +62,9 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void gather_rows(retrieve_params const& p
   }
 }
 
-/// The gather. `resolve_async` launches it too (resolve_and_retrieve), as a dependent of
-/// allocate: keep its signature.
-template <int BlockSize>
-DHISPARSE_KERNEL void __launch_bounds__(BlockSize, blocks_per_sm) gather_kernel(retrieve_params p)
+/// The gather of the whole plan, grid-wide (also behind `resolve_and_retrieve`).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void gather(retrieve_params const& p)
 {
-  wait_for_prerequisites();  // launched early (see retrieve_async)
   std::int32_t const n = *p.plan.count;
   int const vectors    = int((p.byte_end - p.byte_begin) / 16);
   int const lanes      = p.lanes_per_row > 0 ? p.lanes_per_row : auto_lanes(vectors);
@@ -79,6 +76,13 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize, blocks_per_sm) gather_kernel(
     case 16: gather_rows<16>(p, entries, n, vectors); break;
     default: gather_rows<32>(p, entries, n, vectors); break;
   }
+}
+
+template <int BlockSize>
+DHISPARSE_KERNEL void __launch_bounds__(BlockSize, blocks_per_sm) gather_kernel(retrieve_params p)
+{
+  wait_for_prerequisites();  // launched early (see retrieve_async)
+  gather(p);
 }
 
 /// Blocks that fill the current device in one wave.
