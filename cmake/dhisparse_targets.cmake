@@ -9,6 +9,9 @@ function(dhisparse_set_target_options target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr -lineinfo>)
+  if(DHISPARSE_ENABLE_NVTX)
+    target_compile_definitions(${target} PRIVATE DHISPARSE_NVTX)
+  endif()
   # DHISPARSE_SANITIZE: C++ translation units only (nvcc's host compiler is left alone), and
   # the runtime linked where the C++ compiler links (GPU executables link through nvcc and
   # get none; compute-sanitizer checks those: scripts/sanitize_gpu.sh).

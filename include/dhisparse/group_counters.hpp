@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <cstddef>
 #include <type_traits>
 
 namespace dhisparse {
@@ -26,6 +27,22 @@ struct group_counters {
   [[nodiscard]] double fetch_fraction() const noexcept
   {
     return selected_rows == 0 ? 0.0 : double(fetched_rows) / double(selected_rows);
+  }
+
+  /**
+   * @brief Bytes copied host → device: every fetched and prewarmed row, all layers of the
+   *        group (`kv_hierarchy::group_row_bytes`). A `retrieve` that replays a plan again
+   *        (e.g. a layer range after `resolve_and_retrieve`) copies again and is not counted.
+   */
+  [[nodiscard]] unsigned long long h2d_bytes(std::size_t group_row_bytes) const noexcept
+  {
+    return (fetched_rows + prewarmed_rows) * static_cast<unsigned long long>(group_row_bytes);
+  }
+
+  /// Bytes copied device → host by backup: every backed-up row, all layers of the group.
+  [[nodiscard]] unsigned long long d2h_bytes(std::size_t group_row_bytes) const noexcept
+  {
+    return backed_up_rows * static_cast<unsigned long long>(group_row_bytes);
   }
 };
 static_assert(std::is_trivially_copyable_v<group_counters>);

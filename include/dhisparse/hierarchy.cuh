@@ -15,7 +15,8 @@
  *   retrieve(g)                      missed rows host → slab, all layers of g
  *   for each layer l of g:
  *     model writes tail rows         into tail_slots(g), layer l of each slot
- *     attention(l)                   over slot_table(g) and layer_rows(g, l)
+ *     attention(l)                   over slot_table(g) and layer_rows(g, l):
+ *                                    attention_params(g, l) + queries, outputs, scale
  * commit(accepted)                   tails become committed (dirty), or are recycled; or
  * commit_verified(verify outputs)    the accepted path (tree nodes compacted onto positions)
  *                                    committed, the rest recycled, the draft ring kept in step
@@ -52,7 +53,9 @@
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/hierarchy/kernels.cuh>
 #include <dhisparse/detail/hierarchy/step_kernels.cuh>
+#include <dhisparse/detail/nvtx.hpp>
 #include <dhisparse/detail/request_table.hpp>
+#include <dhisparse/detail/sparse_attention/params.hpp>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/error.cuh>
@@ -62,6 +65,7 @@
 #include <dhisparse/policy/lru.cuh>
 #include <dhisparse/policy/static_budget.cuh>
 #include <dhisparse/reclaim.cuh>
+#include <dhisparse/release.cuh>
 #include <dhisparse/residency_map.cuh>
 #include <dhisparse/resolve.cuh>
 #include <dhisparse/retrieve.cuh>
@@ -203,6 +207,7 @@ class kv_hierarchy {
    */
   void admit(request_id id, std::int32_t length, cudaStream_t stream, std::int64_t capacity = -1)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::admit");
     int const index = requests_.check_admit(id, length, capacity);
     check_storage(index, capacity);
     ledger_.check(index, backed_capacity(index, capacity), "admit");
@@ -219,6 +224,7 @@ class kv_hierarchy {
    */
   void reserve(request_id id, std::int64_t capacity, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::reserve");
     int const index = requests_.index_of(id, "reserve");
     requests_.check_reserve(capacity);
     check_storage(index, capacity);
@@ -232,51 +238,17 @@ class kv_hierarchy {
    *        at any time, also mid-step: a request of the current batch leaves the step — its
    *        entry gets 0 queries (resolve, commit and set_drafts skip it; its slot-table rows
    *        are stale and its attention outputs meaningless), its tail rows and its misses
-   *        in the miss plans are dropped — and the other requests' step goes on.
+   *        in the miss plans are dropped — and the other requests' step goes on. The
+   *        device part is the launch-level `release_async` (release.cuh).
    * @throws dhisparse::error for an unknown id
    */
   void release(request_id id, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::release");
     int const index = requests_.index_of(id, "release");
-    namespace hd    = detail::hierarchy;
-    int const groups = config_.num_groups();
-    {
-      hd::leave_step_params ls{};
-      ls.batch_size  = batch_.data();
-      ls.requests    = batch_.data() + 1;
-      ls.queries     = batch_.data() + 1 + config_.max_batch;
-      ls.tail_slots  = tail_slots_.data();
-      ls.positions   = query_positions_ptr();
-      ls.num_groups  = groups;
-      ls.max_batch   = config_.max_batch;
-      ls.max_queries = config_.max_queries;
-      ls.request     = index;
-      ls.plans[0]    = plan_ref(0);
-      ls.plans[1]    = plan_ref(1);
-      ls.host        = host_.ref();
-      hd::leave_batch_kernel<hd::block_size><<<1, hd::block_size, 0, stream>>>(ls);
-      hd::leave_plans_kernel<hd::block_size>
-        <<<launch_blocks(std::int64_t(config_.step_entries())), hd::block_size, 0, stream>>>(ls);
-      DHISPARSE_CUDA_TRY(detail::check_launch(stream));
-    }
-    hd::scrub_dirty_kernel<hd::block_size><<<groups, hd::block_size, 0, stream>>>(pool_refs_.data(), index);
-    if constexpr (per_request) {
-      hd::release_owned_kernel<hd::block_size><<<groups, hd::block_size, 0, stream>>>(pool_refs_.data(), index);
-    } else {
-      unsigned const blocks = unsigned(std::min<std::int64_t>(
-        4 * detail::multiprocessor_count(), (config_.device_slots_per_group + hd::block_size - 1) / hd::block_size));
-      hd::release_scan_kernel<hd::block_size>
-        <<<dim3(blocks, unsigned(groups)), hd::block_size, 0, stream>>>(pool_refs_.data(), index);
-    }
-    DHISPARSE_CUDA_TRY(detail::check_launch(stream));
-    residency_map_ref const map = map_.ref();
-    hd::clear_map_kernel<hd::block_size><<<map.max_pages_per_request, hd::block_size, 0, stream>>>(map, index);
-    DHISPARSE_CUDA_TRY(detail::check_launch(stream));
+    DHISPARSE_CUDA_TRY(release_async(release_args(index), stream));
     map_.release(index, stream);
     host_.release(index, stream);
-    for (std::int32_t* field : {lengths(), capacities(), floors(), caps()}) {
-      DHISPARSE_CUDA_TRY(cudaMemsetAsync(field + index, 0, sizeof(std::int32_t), stream));
-    }
     ledger_.clear(index);
     requests_.erase(id);
   }
@@ -321,6 +293,7 @@ class kv_hierarchy {
    */
   void set_pool_limit(int group, std::int64_t limit, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::set_pool_limit");
     ledger_.check_limit(group, limit);
     namespace hd                 = detail::hierarchy;
     std::int32_t const old_limit = std::int32_t(ledger_.limit(group));
@@ -359,6 +332,7 @@ class kv_hierarchy {
    */
   void reclaim(int group, std::int32_t free_slots, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::reclaim");
     requests_.check_group(group, "reclaim");
     if constexpr (reclaims) { reclaim_to(group, free_slots, 0, stream); }
   }
@@ -371,6 +345,7 @@ class kv_hierarchy {
    */
   void prewarm(request_id id, std::int32_t count, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::prewarm");
     int const index = requests_.index_of(id, "prewarm");
     DHISPARSE_EXPECTS(count >= 0, "prewarm: count must not be negative");
     for (int g = 0; g < config_.num_groups(); ++g) { prewarm_chunks(index, g, -1, count, stream); }
@@ -382,6 +357,7 @@ class kv_hierarchy {
    */
   void prewarm_range(request_id id, int group, std::int32_t first, std::int32_t count, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::prewarm_range");
     int const index = requests_.index_of(id, "prewarm_range");
     requests_.check_group(group, "prewarm_range");
     DHISPARSE_EXPECTS(first >= 0 && count >= 0, "prewarm_range: first and count must not be negative");
@@ -401,6 +377,7 @@ class kv_hierarchy {
    */
   void set_batch(request_id const* ids, std::int32_t const* queries, int count, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::set_batch");
     auto const indices = requests_.batch_indices(ids, queries, count);
     // A step left open (resolved, not committed) is abandoned: its tail rows are recycled
     // and nothing is committed, so that no tail slot outlives the batch it was given to.
@@ -436,6 +413,7 @@ class kv_hierarchy {
    */
   void set_drafts(std::int32_t const* num_drafts, std::int32_t const* parents, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::set_drafts");
     DHISPARSE_EXPECTS(num_drafts != nullptr, "set_drafts: num_drafts must not be null");
     launch_drafts(num_drafts, parents, stream);
   }
@@ -469,6 +447,7 @@ class kv_hierarchy {
   void resolve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream,
                float const* scores = nullptr)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::resolve");
     resolve_rows(group, selections, top_k, stream, scores, false);
   }
 
@@ -482,6 +461,7 @@ class kv_hierarchy {
   void resolve_and_retrieve(int group, std::int32_t const* selections, int top_k, cudaStream_t stream,
                             float const* scores = nullptr)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::resolve_and_retrieve");
     resolve_rows(group, selections, top_k, stream, scores, true);
   }
 
@@ -516,6 +496,7 @@ class kv_hierarchy {
     }
     DHISPARSE_CUDA_TRY(
       (resolve_async<Eviction, Budget>(p, workspaces_[group % 2].data(), workspace_bytes_, stream)));
+    resolved_top_k_[std::size_t(group)] = top_k;
   }
 
  public:
@@ -526,6 +507,7 @@ class kv_hierarchy {
    */
   void retrieve(int group, cudaStream_t stream, int layer_begin = 0, int layer_end = -1)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::retrieve");
     requests_.check_retrieve(group, layer_begin, layer_end);
     DHISPARSE_CUDA_TRY(retrieve_async(retrieve_args(group, plan_ref(group), layer_begin, layer_end), 0, stream));
   }
@@ -540,6 +522,7 @@ class kv_hierarchy {
    */
   void commit(std::int32_t const* accepted, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::commit");
     DHISPARSE_CUDA_TRY(commit_async(commit_args(accepted), stream));
   }
 
@@ -554,6 +537,7 @@ class kv_hierarchy {
    */
   void commit_verified(verified_step const& v, cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::commit_verified");
     std::string const problem = detail::verified_step_problem(v);
     DHISPARSE_EXPECTS(problem.empty(), problem);
     commit_params p = commit_args(nullptr);
@@ -576,6 +560,7 @@ class kv_hierarchy {
   /// Copies every committed, not yet backed-up row to the host store (see backup.cuh).
   void backup(cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::backup");
     backup_params p{};
     p.pools      = pool_refs_.data();
     p.layouts    = layouts_.data();
@@ -608,6 +593,49 @@ class kv_hierarchy {
   {
     requests_.check_layer(group, layer, "layer_rows");
     return {pools_[group].slab() + std::size_t(layer) * RowFormat::bytes, pools_[group].group_row_bytes()};
+  }
+
+  /**
+   * @brief Sparse attention arguments for layer `layer` of `group` over the slot table of
+   *        the last resolve of `group`: `rows` / `row_stride` (the layer's rows in the
+   *        slab), `num_slots` (the slab's slots), `slots` with its strides
+   *        (`[max_batch][max_queries][top_k]`), `batch_size` (the real batch size in device
+   *        memory), `batch` = max_batch, `num_queries` = max_queries and `top_k` = the K of
+   *        that resolve. The engine adds `queries`, `out`, `lse` and their strides (e.g.
+   *        `sparse_attention::set_contiguous_strides<fmt>(p)`, which leaves the slot strides
+   *        as they are), `num_heads` and `softmax_scale`; `status` stays null (set it to
+   *        `status()` to have invalid slots flagged in the hierarchy's word). A query
+   *        beyond an entry's Q_b has an empty selection (out 0, lse -inf); an entry that
+   *        left the step (released mid-step) has stale rows: ignore its outputs. Valid
+   *        until the next resolve of a group of the same parity. Host only, no launch.
+   * @throws dhisparse::error for a bad group or layer, or a group not resolved yet
+   */
+  [[nodiscard]] sparse_attention::params attention_params(int group, int layer) const
+  {
+    requests_.check_layer(group, layer, "attention_params");
+    int const top_k = resolved_top_k_[std::size_t(group)];
+    DHISPARSE_EXPECTS(top_k > 0, "attention_params: group " + std::to_string(group) + " has not been resolved");
+    layer_view const rows = layer_rows(group, layer);
+    sparse_attention::params p{};
+    p.rows              = rows.rows;
+    p.row_stride        = rows.stride;
+    p.num_slots         = std::int64_t(config_.device_slots_per_group);
+    p.slots             = slot_tables_[group % 2].data();
+    p.slot_stride_query = top_k;
+    p.slot_stride_batch = std::int64_t(config_.max_queries) * top_k;
+    p.batch_size        = batch_.data();
+    p.batch             = config_.max_batch;
+    p.num_queries       = config_.max_queries;
+    p.top_k             = top_k;
+    return p;
+  }
+
+  /// K of the last resolve of `group` (the last dimension of `slot_table(group)`); 0 before
+  /// the first.
+  [[nodiscard]] int resolved_top_k(int group) const
+  {
+    requests_.check_group(group, "resolved_top_k");
+    return resolved_top_k_[std::size_t(group)];
   }
 
   /// Device view of the miss plan of the last resolve of `group`.
@@ -673,6 +701,7 @@ class kv_hierarchy {
   /// Clears the status word, ordered on `stream`.
   void clear_status(cudaStream_t stream)
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::clear_status");
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(status_.data(), 0, sizeof(std::uint32_t), stream));
   }
 
@@ -689,8 +718,39 @@ class kv_hierarchy {
    */
   void read_counters(int group, group_counters* out, cudaStream_t stream) const
   {
+    DHISPARSE_NVTX_RANGE("dhisparse::read_counters");
     DHISPARSE_CUDA_TRY(
       cudaMemcpyAsync(out, counters(group), sizeof(group_counters), cudaMemcpyDeviceToHost, stream));
+  }
+
+  /**
+   * @brief For a monitor on its own stream: makes `monitor_stream` wait for `after` (an
+   *        event the engine recorded on the step stream, e.g. behind a commit or a backup),
+   *        then copies the counters of `group` into `out` on `monitor_stream`. The step
+   *        stream is never synchronized or blocked; synchronize `monitor_stream` (or an
+   *        event recorded on it) before reading `out`. With `out` in pinned memory the copy
+   *        is truly asynchronous. The copy shows every count of the work before `after`;
+   *        work the step stream runs after `after` may already be partly counted (each
+   *        counter only grows). Use `group_row_bytes(group)` with
+   *        `group_counters::h2d_bytes` / `d2h_bytes` for the bytes moved.
+   * @param after event recorded on the step stream, or nullptr: no wait (a snapshot of
+   *        whatever the device has counted when the copy runs)
+   */
+  void read_counters(int group, group_counters* out, cudaStream_t monitor_stream, cudaEvent_t after) const
+  {
+    DHISPARSE_NVTX_RANGE("dhisparse::read_counters");
+    requests_.check_group(group, "read_counters");
+    if (after != nullptr) { DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(monitor_stream, after, 0)); }
+    DHISPARSE_CUDA_TRY(
+      cudaMemcpyAsync(out, counters(group), sizeof(group_counters), cudaMemcpyDeviceToHost, monitor_stream));
+  }
+
+  /// Bytes of one row of `group` in its slab and the host store (all its layers): what one
+  /// fetched or backed-up row moves over PCIe.
+  [[nodiscard]] std::size_t group_row_bytes(int group) const
+  {
+    requests_.check_group(group, "group_row_bytes");
+    return pools_[group].group_row_bytes();
   }
 
  private:
@@ -704,6 +764,33 @@ class kv_hierarchy {
   std::int32_t* query_positions_ptr() const noexcept
   {
     return step_queries_.data() + 2 * std::size_t(config_.max_batch) * config_.max_queries;
+  }
+
+  /// The launch-level release of request `index`, leaving the current step (release.cuh).
+  release_params release_args(int index) const
+  {
+    release_params p{};
+    p.pools             = pool_refs_.data();
+    p.num_groups        = config_.num_groups();
+    p.num_slots         = std::int32_t(config_.device_slots_per_group);
+    p.owned_lists       = per_request;
+    p.map               = map_.ref();
+    p.request           = index;
+    p.batch_size        = batch_.data();
+    p.batch_requests    = batch_.data() + 1;
+    p.batch_queries     = batch_.data() + 1 + config_.max_batch;
+    p.tail_slots        = tail_slots_.data();
+    p.query_positions   = query_positions_ptr();
+    p.max_batch         = config_.max_batch;
+    p.max_queries       = config_.max_queries;
+    p.plans[0]          = plan_ref(0);
+    p.plans[1]          = plan_ref(1);
+    p.host              = host_.ref();
+    p.request_fields[0] = lengths();
+    p.request_fields[1] = capacities();
+    p.request_fields[2] = floors();
+    p.request_fields[3] = caps();
+    return p;
   }
 
   /// A plain commit of the current batch (outputs per entry, positions refreshed).
@@ -879,6 +966,7 @@ class kv_hierarchy {
   std::unique_ptr<std::uint32_t, pinned_deleter> status_host_;
   detail::request_table requests_{config_};
   int batch_count_ = 0;
+  std::vector<int> resolved_top_k_ = std::vector<int>(std::size_t(config_.num_groups()), 0);  // per group
 };
 
 }  // namespace dhisparse

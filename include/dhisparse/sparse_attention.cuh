@@ -21,6 +21,9 @@
  * std::size_t bytes = sa::workspace_size<fmt>(p);   // 0 unless split-K is used
  * // … allocate `bytes` once (reuse across steps) …
  * cudaError_t err = sa::run<fmt>(p, workspace, bytes, stream);
+ * // or, with the device facts gathered once at start-up:
+ * sa::plan<fmt> const plan;                       // per device
+ * err = sa::run(plan, p, workspace, bytes, stream);
  * @endcode
  *
  * Kernels (see docs/sparse_attention.md): MLA uses `wgmma` where the translation unit is
@@ -88,14 +91,66 @@ int num_splits(params const& p, int num_sms);
 template <class RowFormat>
 cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
+/**
+ * @brief What `run` needs to know about a device, gathered once: its SM count, compute
+ *        capability and whether the FP8 cluster kernel can run there; constructing it also
+ *        sets the kernels' shared-memory attributes on that device. Create one per device
+ *        (and row format) at start-up, then call `run(plan, p, …)` every step: nothing is
+ *        queried or set per call. Trivially copyable; valid until the device is reset.
+ *        (`run(p, …)` without a plan uses one cached per device and row format.)
+ * @tparam RowFormat as for `workspace_size`
+ */
+template <class RowFormat>
+class plan {
+ public:
+  /// For the current device. @throws dhisparse::error when the device cannot be queried or
+  /// an attribute cannot be set (a device below sm_80 gives a plan `run` refuses)
+  plan();
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] int num_sms() const noexcept { return num_sms_; }
+  [[nodiscard]] int compute_major() const noexcept { return major_; }
+  /// FP8 rows with 128 heads run as two-CTA clusters (sm_90 and a kernel built for it).
+  [[nodiscard]] bool clusters() const noexcept { return clusters_; }
+
+  /// An empty plan (no device; `run` refuses it), to be filled by `make`.
+  explicit plan(std::nullptr_t) noexcept {}
+
+  /// Fills `out` for the current device without throwing (what the cached plan uses).
+  static cudaError_t make(plan& out) noexcept;
+
+ private:
+  int device_  = -1;
+  int num_sms_ = 0;
+  int major_   = 0;
+  bool clusters_ = false;
+};
+
+/// Bytes of workspace `run(pl, p, …)` needs (the plan's SM count; no device query).
+template <class RowFormat>
+std::size_t workspace_size(plan<RowFormat> const& pl, params const& p);
+
+/**
+ * @brief `run` with the device facts of `pl` (which must be for the current device): no
+ *        device query and no attribute call per launch. Same arguments, results and errors
+ *        as `run(p, workspace, workspace_bytes, stream)`; never throws. Capturable.
+ */
+template <class RowFormat>
+cudaError_t run(plan<RowFormat> const& pl, params const& p, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream);
+
 }  // namespace dhisparse::sparse_attention
 
 /**
- * @brief Explicitly instantiates `sparse_attention::run` (and thereby its kernels) for one
- *        row format; use in exactly one `.cu` file at namespace scope, e.g.
+ * @brief Explicitly instantiates `sparse_attention::run` (both forms) and `plan` (and thereby
+ *        the kernels) for one row format; use in exactly one `.cu` file at namespace scope, e.g.
  *        `DHISPARSE_SPARSE_ATTENTION_INSTANTIATE(dhisparse::row_format::mla_fp8_656)`.
  */
 #define DHISPARSE_SPARSE_ATTENTION_INSTANTIATE(...)                                     \
+  template class dhisparse::sparse_attention::plan<__VA_ARGS__>;                        \
+  template cudaError_t dhisparse::sparse_attention::run<__VA_ARGS__>(                   \
+    dhisparse::sparse_attention::plan<__VA_ARGS__> const&,                              \
+    dhisparse::sparse_attention::params const&, void*, std::size_t, cudaStream_t);      \
   template cudaError_t dhisparse::sparse_attention::run<__VA_ARGS__>(                   \
     dhisparse::sparse_attention::params const&, void*, std::size_t, cudaStream_t)
 
@@ -104,6 +159,10 @@ cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, c
  *        that include this header do not compile the kernels again.
  */
 #define DHISPARSE_SPARSE_ATTENTION_EXTERN(...)                                          \
+  extern template class dhisparse::sparse_attention::plan<__VA_ARGS__>;                 \
+  extern template cudaError_t dhisparse::sparse_attention::run<__VA_ARGS__>(            \
+    dhisparse::sparse_attention::plan<__VA_ARGS__> const&,                              \
+    dhisparse::sparse_attention::params const&, void*, std::size_t, cudaStream_t);      \
   extern template cudaError_t dhisparse::sparse_attention::run<__VA_ARGS__>(            \
     dhisparse::sparse_attention::params const&, void*, std::size_t, cudaStream_t)
 

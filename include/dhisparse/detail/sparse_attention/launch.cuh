@@ -16,9 +16,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 namespace dhisparse::sparse_attention {
 namespace detail {
@@ -117,18 +119,109 @@ int num_splits(params const& p, int num_sms)
 }
 
 template <class RowFormat>
+cudaError_t plan<RowFormat>::make(plan& out) noexcept
+{
+  using traits       = format_traits<RowFormat>;
+  plan result{nullptr};
+  cudaError_t status = cudaGetDevice(&result.device_);
+  if (status == cudaSuccess) { status = detail::current_device_shape(result.num_sms_, result.major_); }
+  if (status != cudaSuccess) { return status; }
+  if (result.major_ >= 8) {
+    if constexpr (traits::is_mla) {
+      constexpr int smem = detail::mla::smem_layout::alloc;
+      if constexpr (traits::is_fp8) {
+        auto* crossover = &detail::mla_attention_kernel<true, true>;
+        cudaFuncAttributes attributes{};
+        if (result.major_ >= 9) {
+          if (cudaFuncGetAttributes(&attributes, crossover) == cudaSuccess) {
+            result.clusters_ = attributes.binaryVersion >= 90;
+          } else {
+            cudaGetLastError();  // a failed query only means: no clusters
+          }
+        }
+        if (result.clusters_) {
+          status = cudaFuncSetAttribute(crossover, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+          if (status != cudaSuccess) { return status; }
+        }
+      }
+      status = cudaFuncSetAttribute(&detail::mla_attention_kernel<traits::is_fp8, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    } else {
+      status = cudaFuncSetAttribute(&detail::mha_attention_kernel<detail::mha::head_dim>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, detail::mha::smem_bytes);
+    }
+    if (status != cudaSuccess) { return status; }
+  }
+  out = result;
+  return cudaSuccess;
+}
+
+template <class RowFormat>
+plan<RowFormat>::plan()
+{
+  DHISPARSE_CUDA_TRY(make(*this));
+}
+
+namespace detail {
+
+/// The plan of the current device for `RowFormat`, made on first use per device (what
+/// `run` without a plan uses). Never throws.
+template <class RowFormat>
+cudaError_t cached_plan(plan<RowFormat>& out) noexcept
+{
+  constexpr int max_devices = 64;
+  struct entry {
+    std::once_flag once;
+    plan<RowFormat> value{nullptr};
+    cudaError_t status = cudaSuccess;
+  };
+  int device         = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) { return status; }
+  if (device < 0 || device >= max_devices) { return plan<RowFormat>::make(out); }
+  static std::array<entry, max_devices> cache;
+  entry& e = cache[std::size_t(device)];
+  try {
+    std::call_once(e.once, [&e] { e.status = plan<RowFormat>::make(e.value); });
+  } catch (...) {
+    return plan<RowFormat>::make(out);
+  }
+  if (e.status != cudaSuccess) { return e.status; }
+  out = e.value;
+  return cudaSuccess;
+}
+
+}  // namespace detail
+
+template <class RowFormat>
+std::size_t workspace_size(plan<RowFormat> const& pl, params const& p)
+{
+  return workspace_size<RowFormat>(p, pl.num_sms());
+}
+
+template <class RowFormat>
 cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream)
+{
+  if (!check<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
+  if (p.batch == 0) { return cudaSuccess; }
+  plan<RowFormat> pl{nullptr};
+  cudaError_t const status = detail::cached_plan(pl);
+  if (status != cudaSuccess) { return status; }
+  return run(pl, p, workspace, workspace_bytes, stream);
+}
+
+template <class RowFormat>
+cudaError_t run(plan<RowFormat> const& pl, params const& p, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream)
 {
   using traits = format_traits<RowFormat>;
   if (!check<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
   if (p.batch == 0) { return cudaSuccess; }
-  int num_sms        = 0;
-  int major          = 0;
-  cudaError_t status = detail::current_device_shape(num_sms, major);
-  if (status != cudaSuccess) { return status; }
-  if (major < 8) { return cudaErrorInvalidDevice; }
+  if (pl.num_sms() <= 0) { return cudaErrorInvalidValue; }
+  if (pl.compute_major() < 8) { return cudaErrorInvalidDevice; }
+  cudaError_t status = cudaSuccess;
 
-  detail::launch_plan const plan = detail::make_plan<RowFormat>(p, num_sms);
+  detail::launch_plan const plan = detail::make_plan<RowFormat>(p, pl.num_sms());
   detail::kernel_args a          = plan.args;
   if (a.num_splits > 1) {
     if (workspace == nullptr || workspace_bytes < plan.workspace_bytes ||
@@ -149,14 +242,10 @@ cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, c
     if constexpr (traits::is_fp8) {
       // h_q = 128: the two head tiles of a (b, q, split) are neighbours in the grid and run as
       // a cluster that dequantizes each tile once (half in each CTA) — on a device with
-      // clusters, with the kernel built for one.
+      // clusters, with the kernel built for one (the plan checked both).
       auto* crossover = &detail::mla_attention_kernel<true, true>;
-      cudaFuncAttributes attributes{};
-      clustered = a.units_per_query == 2 && major >= 9 &&
-                  cudaFuncGetAttributes(&attributes, crossover) == cudaSuccess && attributes.binaryVersion >= 90;
+      clustered       = a.units_per_query == 2 && pl.clusters();
       if (clustered) {
-        status = cudaFuncSetAttribute(crossover, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (status != cudaSuccess) { return status; }
         cudaLaunchAttribute cluster{};
         cluster.id               = cudaLaunchAttributeClusterDimension;
         cluster.val.clusterDim.x = 2;
@@ -175,15 +264,11 @@ cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, c
     }
     if (!clustered) {
       auto* kernel = &detail::mla_attention_kernel<traits::is_fp8, false>;
-      status       = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (status != cudaSuccess) { return status; }
       kernel<<<unsigned(grid), detail::mla::threads, smem, stream>>>(a);
     }
   } else {
     constexpr int smem = detail::mha::smem_bytes;
     auto* kernel       = &detail::mha_attention_kernel<detail::mha::head_dim>;
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (status != cudaSuccess) { return status; }
     kernel<<<unsigned(grid), detail::mha::threads, smem, stream>>>(a, RowFormat::k_offset,
                                                                    RowFormat::v_offset);
   }
