@@ -166,6 +166,10 @@ class kv_hierarchy {
     tail_slots_.fill_bytes(0xFF, stream);
     status_.fill_bytes(0, stream);
     step_queries_.fill_bytes(0xFF, stream);  // parents and positions -1 (depths: rewritten before use)
+    // committed_rows(): 0 (nothing kept) for entries no commit has written, as the host
+    // reference reports them.
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(const_cast<std::int32_t*>(committed_rows()), 0,
+                                       std::size_t(config_.max_batch) * sizeof(std::int32_t), stream));
     commit_status_.fill_bytes(0, stream);
     workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries, config_.max_top_k,
                                               config_.max_context);
