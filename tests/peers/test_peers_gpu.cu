@@ -86,7 +86,8 @@ TEST_CASE("faults GPU: an impossible slab at construction throws and leaks nothi
   stream_owner stream;
   hierarchy_config c       = test::peers::base_config();
   c.group_layers           = {1, 64};
-  c.device_slots_per_group = (std::int64_t{1} << 31) - 1;  // group 1: 2^31 × 64 × 4 KiB = 512 TiB
+  c.device_slots_per_group = (std::int64_t{1} << 31) - 1;  // slabs of 8 TiB and 512 TiB
+  c.host.capacity_pages    = 1;                             // a small host store (17 MiB), built first
   DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
   std::size_t free_before = 0, free_after = 0, total = 0;
   DHISPARSE_CUDA_TRY(cudaMemGetInfo(&free_before, &total));
