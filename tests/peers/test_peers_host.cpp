@@ -129,24 +129,33 @@ TEST_CASE("peers: the draft ring across position 4096 and beyond 2^31", "[peers]
 
 // ---- allocation failures (issue 18, item 5) --------------------------------------------
 // The host reference allocates its slabs and host-store rows with std::vector. Asked for
-// an impossible size it lets std::bad_alloc escape, which names nothing, and admission
-// has already taken the host pages and set the capacity when the allocation fails, so the
-// request is half admitted (docs/reliability.md, F10 and F11). Tagged [open] until
-// host::kv_hierarchy allocates before it changes anything and reports the allocation by
-// name with dhisparse::error (CTest runs "~[open]"; under AddressSanitizer run these with
-// ASAN_OPTIONS=allocator_may_return_null=1, or ASan aborts at the allocation).
+// an impossible size it let std::bad_alloc escape, which named nothing, and admission had
+// already taken the host pages and set the capacity when the allocation failed, so the
+// request was half admitted (docs/reliability.md, F10 and F11, fixed): now it allocates
+// before it changes anything and names the allocation in a dhisparse::error.
+// AddressSanitizer reports an impossible `new` and aborts instead of throwing, so the
+// sanitizer build skips these two.
+#if defined(__SANITIZE_ADDRESS__)
+#define DHISPARSE_SKIP_UNDER_ASAN()                                                             \
+  WARN("skipped under AddressSanitizer (it aborts on an impossible allocation)");              \
+  return
+#else
+#define DHISPARSE_SKIP_UNDER_ASAN() (void)0
+#endif
 
-TEST_CASE("F10: an impossible slab at construction is reported by name", "[faults][open]")
+TEST_CASE("F10: an impossible slab at construction is reported by name", "[faults]")
 {
+  DHISPARSE_SKIP_UNDER_ASAN();
   hierarchy_config c         = test::peers::base_config();
   c.group_layers             = {1, 64};
   c.device_slots_per_group   = (std::int64_t{1} << 31) - 1;  // 2^31 slots × 64 layers × 4 KiB
   using huge                 = host::kv_hierarchy<row_format::opaque<4096>, policy::lru, policy::adaptive_budget<>>;
-  CHECK_THROWS_WITH(huge(c), Catch::Contains("slab") && Catch::Contains("group 1"));
+  CHECK_THROWS_WITH(huge(c), Catch::Contains("allocation failed: slab of group 0"));
 }
 
-TEST_CASE("F11: an impossible host-store allocation at admission changes nothing", "[faults][open]")
+TEST_CASE("F11: an impossible host-store allocation at admission changes nothing", "[faults]")
 {
+  DHISPARSE_SKIP_UNDER_ASAN();
   hierarchy_config c       = test::peers::base_config();
   c.group_layers           = {64};
   c.max_context            = (1 << 30);

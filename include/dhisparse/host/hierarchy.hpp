@@ -36,7 +36,9 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <new>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -78,7 +80,8 @@ class kv_hierarchy {
     for (int g = 0; g < groups; ++g) {
       auto& gs     = groups_[g];
       gs.row_bytes = std::size_t(config_.group_layers[g]) * RowFormat::bytes;
-      gs.slab.assign(slots * gs.row_bytes, std::byte{0});
+      allocating("slab of group " + std::to_string(g), slots * gs.row_bytes,
+                 [&] { gs.slab.assign(slots * gs.row_bytes, std::byte{0}); });
       gs.owner.assign(slots, -1);
       gs.position.assign(slots, -1);
       gs.state.assign(slots, 0);
@@ -1007,16 +1010,35 @@ class kv_hierarchy {
                         std::to_string(free_host_pages_) + " free");
   }
 
+  /// Runs `allocate`; a failed allocation becomes a `dhisparse::error` that names it (what
+  /// was allocated before stays as it was: vector growth has the strong guarantee).
+  template <class F>
+  static void allocating(std::string const& what, std::size_t bytes, F&& allocate)
+  {
+    try {
+      allocate();
+    } catch (std::bad_alloc const&) {
+      throw error("host::kv_hierarchy: allocation failed: " + what + ", " + std::to_string(bytes) + " bytes");
+    } catch (std::length_error const&) {
+      throw error("host::kv_hierarchy: allocation failed: " + what + ", " + std::to_string(bytes) + " bytes");
+    }
+  }
+
+  /// Rows and map entries first, then the counts: a failed allocation changes nothing.
   void grow(int index, std::int64_t capacity)
   {
     auto& rq = requests_[index];
     if (capacity > rq.capacity) {
-      std::size_t const have = pages_for(rq.capacity);
-      std::size_t const want = pages_for(capacity);
+      std::size_t const have   = pages_for(rq.capacity);
+      std::size_t const want   = pages_for(capacity);
+      std::int64_t const whole = backed(capacity);  // like the real store: whole pages
+      allocating("host-store rows of request index " + std::to_string(index),
+                 std::size_t(whole) * total_row_bytes_, [&] {
+                   rq.rows.resize(std::size_t(whole) * total_row_bytes_);
+                   for (auto& gs : groups_) { gs.map[index].resize(std::size_t(whole), -1); }
+                 });
       free_host_pages_ -= want - have;
-      rq.capacity = backed(capacity);  // like the real store: whole pages
-      rq.rows.resize(std::size_t(rq.capacity) * total_row_bytes_);
-      for (auto& gs : groups_) { gs.map[index].resize(std::size_t(rq.capacity), -1); }
+      rq.capacity = whole;
     }
     ledger_.set(index, rq.capacity);
   }
