@@ -33,11 +33,13 @@ struct verified_drafts {
   std::vector<bool> path_valid;              ///< [B] whether the accepted path is a path of the tree
   std::vector<bool> refused;                 ///< [B] verification refused the request
 
-  /// The path (root, accepted nodes) of entry b.
+  /// The path (root, accepted nodes) of entry b; an accepted count outside [0, Q − 1] (the
+  /// invalid verify outputs some steps inject) reads no further than the entry's row.
   std::vector<std::int32_t> path(int b) const
   {
     std::vector<std::int32_t> p = {0};
-    for (int k = 0; k < accepted[std::size_t(b)]; ++k) {
+    int const n = std::clamp(accepted[std::size_t(b)], 0, max_queries - 1);
+    for (int k = 0; k < n; ++k) {
       p.push_back(accepted_nodes[std::size_t(b) * (max_queries - 1) + std::size_t(k)]);
     }
     return p;
