@@ -132,13 +132,15 @@ inline keep_op random_keep_op(draft_ring_ref const& shape, keep_model const& mod
     int const drafted = r >= 0 && r < B ? op.advance[r] : pick(0, 3);
     op.drafted[b]     = pick(0, 19) == 0 ? (pick(0, 1) ? -1 : drafted + pick(1, 3)) : drafted;
     int const d       = std::max(0, op.drafted[b]);
-    op.kept[b]        = pick(0, 19) == 0 ? d + 1 : pick(0, d);
+    // kept ≤ stride: keep() reads `kept` node entries of the row (a larger count would read
+    // past the caller's row; the library does not check kept against the row yet).
+    op.kept[b]        = std::min(pick(0, 19) == 0 ? d + 1 : pick(0, d), op.stride);
     if (chains) { continue; }
     // An increasing path: kept distinct nodes of [1, d].
     std::vector<std::int32_t> all(static_cast<std::size_t>(d));
     for (int i = 0; i < d; ++i) { all[std::size_t(i)] = i + 1; }
     std::shuffle(all.begin(), all.end(), g);
-    int const k = std::min(op.kept[b], d);
+    int const k = std::min({op.kept[b], d, op.stride});  // a drafted count beyond the ring fits no row
     std::sort(all.begin(), all.begin() + k);
     std::copy(all.begin(), all.begin() + k, op.nodes.begin() + std::ptrdiff_t(b) * op.stride);
     if (k > 1 && pick(0, 19) == 0) { op.nodes[std::size_t(b) * op.stride + 1] = op.nodes[std::size_t(b) * op.stride]; }
