@@ -116,18 +116,6 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void aggregated_add(T* counter, unsigned 
   if (int(threadIdx.x & 31) == leader) { atomicAdd(counter + index, amount * T(__popc(peers))); }
 }
 
-/// Warp-wide minimum and maximum of 64-bit values (every lane gets them).
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_min_max(std::uint64_t& lo, std::uint64_t& hi)
-{
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    std::uint64_t const l = __shfl_xor_sync(0xFFFFFFFFu, lo, o);
-    std::uint64_t const h = __shfl_xor_sync(0xFFFFFFFFu, hi, o);
-    lo                    = l < lo ? l : lo;
-    hi                    = h > hi ? h : hi;
-  }
-}
-
 /**
  * Fair share: per request, how many rows to give. Water level X: the largest level at
  * which Σ min(eligible_r, max(0, excess_r − X)) ≥ want; everyone gives its amount at X + 1,

@@ -46,24 +46,18 @@ struct slot_sources {
 };
 
 /**
- * Takes up to `want` slots off the free stack (one CAS loop); returns how many, and the
- * stack size before through `top`. Called by one thread.
+ * Takes up to `want` slots off the free stack; returns how many, and the stack size before
+ * through `top`. Called by one thread per block. One fetch-and-subtract, not a CAS loop:
+ * the blocks of a large batch pop at once, and a CAS loop would serialise them (one winner
+ * per round trip). A block that overdraws takes what was left and clamps the counter back
+ * to zero; as nothing pushes while allocate runs, the ranges taken stay disjoint.
  */
 DHISPARSE_DEVICE inline int pop_free(device_pool_ref const& pool, int want, int& top)
 {
-  int cur  = *reinterpret_cast<int volatile*>(pool.free_count);
-  int take = 0;
-  while (true) {
-    take = min(want, cur);
-    if (take <= 0) {
-      take = 0;
-      break;
-    }
-    int const prev = atomicCAS(pool.free_count, cur, cur - take);
-    if (prev == cur) { break; }
-    cur = prev;
-  }
-  top = cur;
+  int const before = atomicSub(pool.free_count, want);
+  int const take   = max(0, min(want, before));
+  if (take < want) { atomicMax(pool.free_count, 0); }
+  top = before;
   return take;
 }
 
@@ -176,7 +170,7 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
   std::int32_t const owned_n  = pool.owned_count[r];
   std::int32_t const* sel     = p.selections + std::int64_t(b) * entries;
   std::int32_t* table         = p.slot_table + std::int64_t(b) * entries;
-  std::int64_t const live     = std::int64_t(nq) * p.top_k;
+  int const live              = nq * p.top_k;  // ≤ max_request_entries
 
   // The misses, ascending: the non-zero bitmap words from the summary, then their bits
   // (victims reuses the word list's scratch afterwards).
@@ -289,15 +283,32 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
 
   // Entries left pending by lookup: their rows have slots now (or none: -1). A selected
   // tail row has its tail's slot if the tail got one.
+  // Several entries per thread and pass, their loads issued together (the chain table →
+  // map directory → map page is latency, not bandwidth).
   if (need.misses + need.tail_selections > 0) {
-    for (std::int64_t i = threadIdx.x; i < live; i += Block) {
-      if (table[i] != pending) { continue; }
-      std::int32_t const pos  = sel[i];
-      std::int32_t const slot = pos >= len ? tail_slots[pos - len] : *p.map.entry(r, p.group, pos);
-      table[i]                = slot;
-      if constexpr (counts) {
-        if (slot >= 0) {
-          accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[std::int64_t(b) * entries + i] : 0.f);
+    constexpr int unroll = 4;
+    for (int base = int(threadIdx.x); base < live; base += Block * unroll) {
+      std::int32_t pos[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) {
+        int const i = base + u * Block;
+        pos[u]      = -1;
+        if (i < live) {
+          std::int32_t const slot = table[i];
+          std::int32_t const s    = sel[i];
+          pos[u]                  = slot == pending ? s : -1;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) {
+        if (pos[u] < 0) { continue; }
+        int const i             = base + u * Block;
+        std::int32_t const slot = pos[u] >= len ? tail_slots[pos[u] - len] : *p.map.entry(r, p.group, pos[u]);
+        table[i]                = slot;
+        if constexpr (counts) {
+          if (slot >= 0) {
+            accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[std::int64_t(b) * entries + i] : 0.f);
+          }
         }
       }
     }

@@ -88,6 +88,18 @@ struct cache_bound {
   }
 };
 
+/// Warp-wide minimum and maximum of 64-bit values (every lane gets them).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_min_max(std::uint64_t& lo, std::uint64_t& hi)
+{
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    std::uint64_t const l = __shfl_xor_sync(0xFFFFFFFFu, lo, o);
+    std::uint64_t const h = __shfl_xor_sync(0xFFFFFFFFu, hi, o);
+    lo                    = l < lo ? l : lo;
+    hi                    = h > hi ? h : hi;
+  }
+}
+
 /// Marks a request's victim cache invalid (rescanned by the next step that needs victims).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void invalidate_cache(victim_cache_ref const& c, std::int32_t request)
 {

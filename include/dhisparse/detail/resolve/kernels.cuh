@@ -57,7 +57,7 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
   // request over tiles, so that one request still occupies many SMs.
   int const sms = detail::multiprocessor_count();
   unsigned const lookup_grid =
-    unsigned(std::min<std::int64_t>(std::int64_t(b.max_batch) * rd::lookup_tiles(entries), 4 * sms));
+    unsigned(std::min<std::int64_t>(std::int64_t(b.max_batch) * rd::lookup_tiles(entries), 8 * sms));
   rd::lookup_kernel<Eviction, Budget, rd::lookup_block><<<lookup_grid, rd::lookup_block, 0, stream>>>(params, w);
   if constexpr (reclaims) {
     auto kernel = rc::resolve_reclaim_kernel<Eviction, rc::block_size>;

@@ -19,89 +19,93 @@
 
 namespace dhisparse::detail::resolve {
 
+/// Per-tile counters of `lookup`, set to zero at the kernel's start and after each tile.
+struct tile_totals {
+  int hits, misses, tail_selections;
+  int first_refused;  ///< the lowest refused tail (Q: none)
+  std::uint32_t flags;
+  std::uint32_t tail_reason;
+};
+
 /**
- * Tail rows of batch entry b: the prefix of its Q tails that has storage and no
- * uncommitted predecessor. Block-wide (threads check tails in parallel); returns the
- * count and ORs the reason of the first refused tail into `flags`.
+ * Why tail t (position len + t) of request r cannot be written this step: 0 if it can,
+ * `status_capacity_exceeded` without storage, `status_uncommitted_tail` when an earlier
+ * resolve's tail at that position was never committed.
  */
-DHISPARSE_DEVICE inline int count_tails(resolve_params const& p, std::int32_t r, std::int32_t nq, std::int32_t len,
-                                 std::uint32_t& flags)
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint32_t tail_refusal(resolve_params const& p, std::int32_t r,
+                                                                  std::int32_t pos)
 {
-  __shared__ int first_refused;
-  if (threadIdx.x == 0) { first_refused = nq; }
-  __syncthreads();
-  std::uint32_t reason = 0;
-  int mine             = nq;
-  for (int t = threadIdx.x; t < nq; t += blockDim.x) {
-    std::int32_t const pos    = len + t;
-    std::int32_t const* entry = p.map.entry(r, p.group, pos);
-    std::uint32_t why         = 0;
-    if (pos >= p.batch.capacities[r] || entry == nullptr || p.host.group_row(r, pos, p.layout) == nullptr) {
-      why = status_capacity_exceeded;
-    } else if (*entry != not_resident) {  // an earlier resolve's tail was never committed
-      why = status_uncommitted_tail;
-    }
-    if (why != 0 && t < mine) {
-      mine   = t;
-      reason = why;
-    }
+  std::int32_t const* entry = p.map.entry(r, p.group, pos);
+  if (pos >= p.batch.capacities[r] || entry == nullptr || p.host.group_row(r, pos, p.layout) == nullptr) {
+    return status_capacity_exceeded;
   }
-  if (mine < nq) { atomicMin(&first_refused, mine); }
-  __syncthreads();
-  int const tails = first_refused;
-  if (mine == tails && mine < nq) { atomicOr(&flags, reason); }
-  return tails;
+  return *entry != not_resident ? status_uncommitted_tail : 0u;
 }
 
-/// One tile: entries [first, first + Block) of batch entry b (one per thread).
-template <class Eviction, class Budget, int Block>
-DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const& w, int b, std::int64_t first,
-                                  std::uint32_t epoch)
+/// Warp-aggregated shared `atomicAdd(counter, 1)` for the lanes where `pred` holds.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_count(int* counter, bool pred)
 {
-  __shared__ int tile_hits, tile_misses, tile_tail_selections;
-  __shared__ std::uint32_t flags;
+  unsigned const ballot = __ballot_sync(0xFFFFFFFFu, pred);
+  if ((threadIdx.x & 31) == 0 && ballot != 0) { atomicAdd(counter, __popc(ballot)); }
+}
+
+/**
+ * One tile: entries [first, first + Block) of batch entry b (one per thread). The first
+ * tile of a request also finds its tail rows: the prefix of its Q tails that has storage
+ * and no uncommitted predecessor (checked beside the entries, so that their loads overlap).
+ */
+template <class Eviction, class Budget, int Block>
+DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const& w, int b, int first,
+                                  std::uint32_t epoch, tile_totals& totals)
+{
   constexpr bool counts     = Eviction::counts_selections;
   constexpr bool uses_cache = Budget::kind == budget_kind::per_request &&
                               Eviction::search == victim_search::smallest_key;
   auto const& pool          = p.pool;
-  std::int64_t const i      = first + threadIdx.x;
-  bool const in_tile        = i < w.entries;
+  int const entries         = int(w.entries);  // ≤ max_request_entries
+  int const i               = first + int(threadIdx.x);
+  bool const in_tile        = i < entries;
+  std::int64_t const at     = std::int64_t(b) * entries + i;
   // The independent loads first: the selection, and the request's row of the batch.
-  std::int32_t pos       = in_tile ? p.selections[std::int64_t(b) * w.entries + i] : -1;
+  std::int32_t pos       = in_tile ? p.selections[at] : -1;
   std::int32_t const r   = p.batch.requests[b];
   std::int32_t const nq  = p.batch.queries[b];
   std::int32_t const len = p.batch.lengths[r];
   cache_bound bound{};
   if constexpr (uses_cache) { bound = cache_bound::load(pool.cache, r); }
-  if (threadIdx.x == 0) {
-    tile_hits = tile_misses = tile_tail_selections = 0;
-    flags                                          = 0;
-  }
-  __syncthreads();
-  int const q = int(i / p.top_k);
+  int const q = i / p.top_k;
   if (q >= nq) { pos = -1; }
+  // Tails (first tile): thread t checks tails t, t + Block, …; it keeps its lowest refusal.
+  std::uint32_t refused = 0;
+  int refused_tail      = nq;
+  for (int t = int(threadIdx.x); first == 0 && t < nq && refused == 0; t += Block) {
+    refused      = tail_refusal(p, r, len + t);
+    refused_tail = t;
+  }
 
-  std::int32_t out = -1;
+  std::int32_t out     = -1;
+  bool hit             = false;  // the first selection of a resident row this step
+  bool miss            = false;  // the first selection of a missing row
+  bool tail_selection  = false;
+  std::uint32_t flag   = 0;
   if (pos != -1) {
     if (pos < 0 || pos > len + q) {
-      atomicOr(&flags, status_invalid_selection);
+      flag = status_invalid_selection;
     } else if (pos >= len) {
-      out = pending;  // a tail row of this step: allocate gives it the tail's slot, or -1
-      atomicAdd(&tile_tail_selections, 1);
+      out            = pending;  // a tail row of this step: allocate gives it the tail's slot, or -1
+      tail_selection = true;
     } else if (std::int32_t* entry = p.map.entry(r, p.group, pos); entry == nullptr) {
-      atomicOr(&flags, status_capacity_exceeded);
+      flag = status_capacity_exceeded;
     } else if (std::int32_t const slot = *entry; slot >= 0) {
       out = slot;
       if constexpr (counts) {
         // The hooks run in allocate, once every selection of the row has been counted.
-        bool const first_selection = atomicExch(pool.touched + slot, epoch) != epoch;
-        accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[std::int64_t(b) * w.entries + i] : 0.f);
-        if (first_selection) { atomicAdd(&tile_hits, 1); }
+        hit = atomicExch(pool.touched + slot, epoch) != epoch;
+        accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[at] : 0.f);
       } else {
-        policy_state const state   = pool.state[slot];  // read beside the pin: only its winner writes
-        bool const first_selection = atomicExch(pool.touched + slot, epoch) != epoch;
-        if (first_selection) {
-          atomicAdd(&tile_hits, 1);
+        policy_state const state = pool.state[slot];  // read beside the pin: only its winner writes
+        hit                      = atomicExch(pool.touched + slot, epoch) != epoch;
+        if (hit) {
           policy_state const next = Eviction::on_hit(state, selection_context{epoch, pos, 0.f, 1u});
           pool.state[slot]        = next;
           if constexpr (uses_cache) {
@@ -114,24 +118,30 @@ DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const&
       std::uint32_t const bit = 1u << (pos & 31);
       if ((atomicOr(bits + (pos >> 5), bit) & bit) == 0) {
         atomicOr(w.miss_words + std::int64_t(b) * w.summary_words + (pos >> 10), 1u << ((pos >> 5) & 31));
-        atomicAdd(&tile_misses, 1);
+        miss = true;
       }
       out = pending;
     }
   }
-  if (in_tile) { p.slot_table[std::int64_t(b) * w.entries + i] = out; }
-  int tails = 0;
-  if (first == 0) { tails = count_tails(p, r, nq, len, flags); }  // block-uniform branch
+  if (in_tile) { p.slot_table[at] = out; }
+  warp_count(&totals.hits, hit);
+  warp_count(&totals.misses, miss);
+  warp_count(&totals.tail_selections, tail_selection);
+  if (flag != 0) { atomicOr(&totals.flags, flag); }
+  if (refused != 0) { atomicMin(&totals.first_refused, refused_tail); }
+  __syncthreads();
+  if (refused != 0 && refused_tail == totals.first_refused) { totals.tail_reason = refused; }
   __syncthreads();
   if (threadIdx.x == 0) {
     request_need* need = w.need + b;
-    if (first == 0) { need->tails = tails; }
-    if (tile_misses != 0) { atomicAdd(&need->misses, tile_misses); }
-    if (tile_hits != 0) { atomicAdd(&need->hits, tile_hits); }
-    if (tile_tail_selections != 0) { atomicAdd(&need->tail_selections, tile_tail_selections); }
-    if (flags != 0) { atomicOr(p.status, flags); }
+    if (first == 0) { need->tails = min(nq, totals.first_refused); }
+    if (totals.misses != 0) { atomicAdd(&need->misses, totals.misses); }
+    if (totals.hits != 0) { atomicAdd(&need->hits, totals.hits); }
+    if (totals.tail_selections != 0) { atomicAdd(&need->tail_selections, totals.tail_selections); }
+    if ((totals.flags | totals.tail_reason) != 0) { atomicOr(p.status, totals.flags | totals.tail_reason); }
+    totals = tile_totals{0, 0, 0, 1 << 30, 0u, 0u};
   }
-  __syncthreads();  // shared state is reused by the next tile of this block
+  __syncthreads();  // the totals are reset before the next tile of this block counts
 }
 
 /// Tiles per batch entry.
@@ -144,16 +154,21 @@ template <class Eviction, class Budget, int Block>
 DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, workspace_view w)
 {
   static_assert(Block == lookup_block);
+  __shared__ tile_totals totals;
   launch_dependents();  // allocate may be scheduled now; it waits for this grid's results
   std::uint32_t const epoch = *p.pool.epoch + 1;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    *w.epoch      = epoch;
-    *p.plan.count = 0;
+  if (threadIdx.x == 0) {
+    totals = tile_totals{0, 0, 0, 1 << 30, 0u, 0u};
+    if (blockIdx.x == 0) {
+      *w.epoch      = epoch;
+      *p.plan.count = 0;
+    }
   }
-  int const tiles       = lookup_tiles(w.entries);
-  std::int64_t const n  = std::int64_t(*p.batch.size) * tiles;
-  for (std::int64_t t = blockIdx.x; t < n; t += gridDim.x) {
-    lookup_tile<Eviction, Budget, Block>(p, w, int(t / tiles), std::int64_t(t % tiles) * Block, epoch);
+  __syncthreads();
+  int const tiles = lookup_tiles(w.entries);
+  int const n     = *p.batch.size * tiles;
+  for (int t = blockIdx.x; t < n; t += gridDim.x) {
+    lookup_tile<Eviction, Budget, Block>(p, w, t / tiles, (t % tiles) * Block, epoch, totals);
   }
 }
 

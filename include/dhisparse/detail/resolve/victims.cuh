@@ -41,6 +41,11 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool key_less(std::uint64_t ka, std::int3
   return ka < kb || (ka == kb && pa < pb);
 }
 
+/// Entries a thread reads per pass of the victim scans, their loads issued together: the
+/// owned list is read through two levels of indirection (slot, then the slot's metadata),
+/// so one entry per thread and iteration would leave the passes bound by latency.
+inline constexpr int scan_unroll = 8;
+
 /// Index of the highest set bit + 1 (0 for 0).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int bit_width(std::uint64_t v) { return 64 - __clzll(v); }
 
@@ -104,9 +109,19 @@ DHISPARSE_DEVICE void block_radix_level(int n, int bits, Value value, std::uint6
     for (int i = threadIdx.x; i < 256; i += Block) { hist[i] = 0; }
     __syncthreads();
     std::uint64_t const want = shared_prefix;
-    for (int i = threadIdx.x; i < n; i += Block) {
-      std::uint64_t v = 0;
-      if (value(i, v) && ((v ^ want) >> shift >> 8) == 0) { atomicAdd(&hist[(v >> shift) & 255], 1u); }
+    for (int base = threadIdx.x; base < n; base += Block * scan_unroll) {
+      std::uint64_t v[scan_unroll];
+      bool ok[scan_unroll];
+#pragma unroll
+      for (int u = 0; u < scan_unroll; ++u) {
+        int const i = base + u * Block;
+        v[u]        = 0;
+        ok[u]       = i < n && value(i, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < scan_unroll; ++u) {
+        if (ok[u] && ((v[u] ^ want) >> shift >> 8) == 0) { atomicAdd(&hist[(v[u] >> shift) & 255], 1u); }
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -151,15 +166,35 @@ DHISPARSE_DEVICE void block_threshold(int n, int want, std::uint64_t kmin, std::
       return get(i, v, tie);
     },
     key_star, remaining);
-  // The tie-break among the rows with the threshold key.
-  for (int i = threadIdx.x; i < n; i += Block) {
-    std::uint64_t key = 0;
-    std::uint32_t tie = 0;
-    if (get(i, key, tie) && key == key_star) {
-      atomicAdd(&ties, 1);
-      atomicMin(&tmin, tie);
-      atomicMax(&tmax, tie);
+  // The tie-break among the rows with the threshold key (per thread, then per warp).
+  int my_ties           = 0;
+  std::uint64_t my_tmin = 0xFFFFFFFFu, my_tmax = 0;
+  for (int base = threadIdx.x; base < n; base += Block * scan_unroll) {
+    std::uint64_t key[scan_unroll];
+    std::uint32_t tie[scan_unroll];
+    bool ok[scan_unroll];
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) {
+      int const i = base + u * Block;
+      key[u]      = 0;
+      tie[u]      = 0;
+      ok[u]       = i < n && get(i, key[u], tie[u]);
     }
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) {
+      if (ok[u] && key[u] == key_star) {
+        ++my_ties;
+        my_tmin = min(my_tmin, std::uint64_t(tie[u]));
+        my_tmax = max(my_tmax, std::uint64_t(tie[u]));
+      }
+    }
+  }
+  warp_min_max(my_tmin, my_tmax);
+  my_ties = __reduce_add_sync(0xFFFFFFFFu, my_ties);
+  if ((threadIdx.x & 31) == 0 && my_ties > 0) {
+    atomicAdd(&ties, my_ties);
+    atomicMin(&tmin, std::uint32_t(my_tmin));
+    atomicMax(&tmax, std::uint32_t(my_tmax));
   }
   __syncthreads();
   out_key = key_star;
@@ -220,46 +255,78 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
     s.max_position = 0;
   }
   __syncthreads();
-  int mine = 0;
-  for (int i = threadIdx.x; i < n; i += Block) {
-    std::int32_t const slot = owned[i];
-    std::int32_t const pos  = pool.position[slot];
-    if (pos < 0) { continue; }
-    std::uint64_t const key = Eviction::eviction_key(pool.state[slot], pos);
-    pool.keys[slot]         = key;
-    if (deep && !key_less(after_key, after_pos, key, pos)) { continue; }
-    ++mine;
-    atomicMin(reinterpret_cast<unsigned long long*>(&s.kmin), key);
-    atomicMax(reinterpret_cast<unsigned long long*>(&s.kmax), key);
+  // Every row's key (kept in pool.keys), and the range of the candidates' keys.
+  int mine              = 0;
+  std::uint64_t my_kmin = ~std::uint64_t{0}, my_kmax = 0;
+  for (int base = threadIdx.x; base < n; base += Block * scan_unroll) {
+    std::int32_t slot[scan_unroll], pos[scan_unroll];
+    policy_state state[scan_unroll];
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) { slot[u] = base + u * Block < n ? owned[base + u * Block] : -1; }
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) {
+      pos[u] = -1;
+      if (slot[u] >= 0) {
+        pos[u]   = pool.position[slot[u]];
+        state[u] = pool.state[slot[u]];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) {
+      if (pos[u] < 0) { continue; }
+      std::uint64_t const key = Eviction::eviction_key(state[u], pos[u]);
+      pool.keys[slot[u]]      = key;
+      if (deep && !key_less(after_key, after_pos, key, pos[u])) { continue; }
+      ++mine;
+      my_kmin = min(my_kmin, key);
+      my_kmax = max(my_kmax, key);
+    }
   }
-  atomicAdd(&s.count, mine);
+  warp_min_max(my_kmin, my_kmax);
+  mine = __reduce_add_sync(0xFFFFFFFFu, mine);
+  if ((threadIdx.x & 31) == 0 && mine > 0) {
+    atomicAdd(&s.count, mine);
+    atomicMin(reinterpret_cast<unsigned long long*>(&s.kmin), my_kmin);
+    atomicMax(reinterpret_cast<unsigned long long*>(&s.kmax), my_kmax);
+  }
   __syncthreads();
   int const total = s.count;
   auto const get  = [&](int i, std::uint64_t& key, std::uint32_t& tie) {
     std::int32_t const slot = owned[i];
     std::int32_t const pos  = pool.position[slot];
-    if (pos < 0) { return false; }
-    key = pool.keys[slot];
-    tie = std::uint32_t(pos);
-    return !deep || key_less(after_key, after_pos, key, pos);
+    key                     = pool.keys[slot];  // beside the position: one round trip
+    tie                     = std::uint32_t(pos);
+    return pos >= 0 && (!deep || key_less(after_key, after_pos, key, pos));
   };
   std::uint64_t tkey = ~std::uint64_t{0};
   std::uint32_t ttie = 0xFFFFFFFFu;
   if (total > capacity) { block_threshold<Block>(n, capacity, s.kmin, s.kmax, get, tkey, ttie); }
-  // Compact the chosen rows (owned-list order), then sort them by (key, position).
+  // Compact the chosen rows (in any order: they are sorted next), then sort them by
+  // (key, position).
   int written = 0;
-  for (int base = 0; base < n; base += Block) {
-    int const i       = base + int(threadIdx.x);
-    std::uint64_t key = 0;
-    std::uint32_t tie = 0;
-    bool const take   = i < n && get(i, key, tie) && (key < tkey || (key == tkey && tie <= ttie));
+  for (int base = threadIdx.x; base - int(threadIdx.x) < n; base += Block * scan_unroll) {
+    std::uint64_t key[scan_unroll];
+    std::uint32_t tie[scan_unroll];
+    bool take[scan_unroll];
+    int count = 0;
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) {
+      int const i = base + u * Block;
+      key[u]      = 0;
+      tie[u]      = 0;
+      take[u]     = i < n && get(i, key[u], tie[u]) && (key[u] < tkey || (key[u] == tkey && tie[u] <= ttie));
+      count += int(take[u]);
+    }
     int offset = 0, sum = 0;
-    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(int(take), offset, sum);
-    if (take) {
-      s.key[written + offset]      = key;
-      s.position[written + offset] = std::int32_t(tie);
-      s.slot[written + offset]     = owned[i];
-      atomicMax(&s.max_position, std::int32_t(tie));
+    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(count, offset, sum);
+#pragma unroll
+    for (int u = 0; u < scan_unroll; ++u) {
+      if (!take[u]) { continue; }
+      s.key[written + offset]      = key[u];
+      s.position[written + offset] = std::int32_t(tie[u]);
+      s.slot[written + offset]     = owned[base + u * Block];
+      atomicMax(&s.max_position, std::int32_t(tie[u]));
+      ++offset;
     }
     written += sum;
     __syncthreads();
