@@ -142,11 +142,13 @@ DHISPARSE_DEVICE void block_radix_level(int n, int bits, Value value, std::uint6
 
 /**
  * Block-wide: of the candidates i in [0, n) for which `get(i, key, tie)` returns true,
- * finds (K, T) such that exactly `want` of them have (key, tie) ≤ (K, T) — (key, tie)
- * pairs are distinct and more than `want` candidates exist. `kmin`, `kmax` bound their keys.
+ * finds (K, T) such that `want` of them have (key, tie) ≤ (K, T) — (key, tie) pairs are
+ * distinct and more than `want` candidates exist. `kmin`, `kmax` bound their keys. When at
+ * least `enough` candidates have a key below the key where the count reaches `want`, those
+ * are taken (T = all ties of K, K the key before): whole keys, and no tie-break passes.
  */
 template <int Block, class Get>
-DHISPARSE_DEVICE void block_threshold(int n, int want, std::uint64_t kmin, std::uint64_t kmax, Get get,
+DHISPARSE_DEVICE void block_threshold(int n, int want, int enough, std::uint64_t kmin, std::uint64_t kmax, Get get,
                                       std::uint64_t& out_key, std::uint32_t& out_tie)
 {
   __shared__ int ties;
@@ -166,6 +168,11 @@ DHISPARSE_DEVICE void block_threshold(int n, int want, std::uint64_t kmin, std::
       return get(i, v, tie);
     },
     key_star, remaining);
+  if (want - remaining >= enough) {  // at least `enough` below key_star, so key_star > kmin
+    out_key = key_star - 1;
+    out_tie = 0xFFFFFFFFu;
+    return;
+  }
   // The tie-break among the rows with the threshold key (per thread, then per warp).
   int my_ties           = 0;
   std::uint64_t my_tmin = 0xFFFFFFFFu, my_tmax = 0;
@@ -300,7 +307,8 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
   };
   std::uint64_t tkey = ~std::uint64_t{0};
   std::uint32_t ttie = 0xFFFFFFFFu;
-  if (total > capacity) { block_threshold<Block>(n, capacity, s.kmin, s.kmax, get, tkey, ttie); }
+  // At least half a cache of whole keys, else exactly a full one.
+  if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }
   // Compact the chosen rows (in any order: they are sorted next), then sort them by
   // (key, position).
   int written = 0;
