@@ -122,7 +122,8 @@ inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::in
  * @brief Keeps the rows of the drafts verification accepted and rolls back the others,
  *        for chains and trees (asynchronous, graph-capturable): of the newest `drafted[b]`
  *        rows of ring request `ring_index[b]` — row j belonging to draft node j + 1 — the
- *        rows of the nodes `nodes[b][0 .. kept[b])` (increasing, in [1, drafted[b]]) move,
+ *        rows of the nodes `nodes[b][0 .. kept[b])` (increasing, in [1, drafted[b]]; kept[b] at
+ *        most `nodes_stride`, else `bad_path`) move,
  *        in that order, onto the first `kept[b]` of those positions; the others are rolled
  *        back. With `nodes` null the kept nodes are 1 … kept[b]: exactly `rollback(drafted,
  *        kept)`. Rows of a tree path move within the ring (one row copy per layer and moved

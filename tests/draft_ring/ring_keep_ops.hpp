@@ -74,16 +74,21 @@ struct keep_model {
       }
       std::int32_t const d = op.drafted[b], k = op.kept.empty() ? 0 : op.kept[b];
       std::int32_t const* nodes = op.nodes.empty() ? nullptr : op.nodes.data() + std::size_t(b) * op.stride;
-      if (d < 0 || k < 0 || k > d || d > end[r]) {
+      if (d < 0 || k < 0 || k > d) {
         bits |= draft_ring_status::bad_count;
         continue;
       }
-      bool bad_path = false;
-      for (int i = 0; nodes && i < k; ++i) {
-        bad_path = bad_path || nodes[i] <= (i ? nodes[i - 1] : 0) || nodes[i] > d;
+      // A path longer than its row of nodes, or not increasing inside [1, d].
+      bool bad_path = nodes != nullptr && k > op.stride;
+      for (int i = 0; nodes && !bad_path && i < k; ++i) {
+        bad_path = nodes[i] <= (i ? nodes[i - 1] : 0) || nodes[i] > d;
       }
       if (bad_path) {
         bits |= draft_ring_status::bad_path;
+        continue;
+      }
+      if (d > end[r]) {  // more rows than the ring ever held
+        bits |= draft_ring_status::bad_count;
         continue;
       }
       std::int64_t const base = end[r] - d;
@@ -123,7 +128,8 @@ inline keep_op random_keep_op(draft_ring_ref const& shape, keep_model const& mod
   std::shuffle(op.ring_index.begin(), op.ring_index.end(), g);
   if (pick(0, 9) == 0) { op.ring_index[pick(0, B - 1)] = pick(0, 1) ? -1 : B; }
   bool const chains = pick(0, 3) == 0;
-  op.stride         = op.max_drafted + 1;
+  // Rows of nodes as long as any path, or sometimes shorter than the paths kept.
+  op.stride = pick(0, 4) == 0 ? pick(1, op.max_drafted) : op.max_drafted + 1;
   if (!chains) { op.nodes.assign(std::size_t(B) * op.stride, 0); }
   op.drafted.resize(B);
   op.kept.resize(B);
@@ -132,9 +138,8 @@ inline keep_op random_keep_op(draft_ring_ref const& shape, keep_model const& mod
     int const drafted = r >= 0 && r < B ? op.advance[r] : pick(0, 3);
     op.drafted[b]     = pick(0, 19) == 0 ? (pick(0, 1) ? -1 : drafted + pick(1, 3)) : drafted;
     int const d       = std::max(0, op.drafted[b]);
-    // kept ≤ stride: keep() reads `kept` node entries of the row (a larger count would read
-    // past the caller's row; the library does not check kept against the row yet).
-    op.kept[b]        = std::min(pick(0, 19) == 0 ? d + 1 : pick(0, d), op.stride);
+    // Sometimes more than drafted (bad_count), or than the row of nodes holds (bad_path).
+    op.kept[b]        = pick(0, 19) == 0 ? d + 1 : pick(0, d);
     if (chains) { continue; }
     // An increasing path: kept distinct nodes of [1, d].
     std::vector<std::int32_t> all(static_cast<std::size_t>(d));

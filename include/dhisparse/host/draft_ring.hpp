@@ -22,14 +22,14 @@ namespace dhisparse::host {
  * @brief Reference of one request's part of `draft_ring_keep_async` on a ring in host
  *        memory: of the newest `drafted` rows of ring request `request` (row j of them
  *        belongs to draft node j + 1), keeps those of `nodes[0 .. kept)` (increasing, in
- *        [1, drafted]; nullptr: nodes 1 … kept), moved in path order onto the first `kept`
- *        of those positions, and rolls back the rest. Returns the `draft_ring_status` bits;
- *        with `bad_count` or `bad_path` nothing changes.
+ *        [1, drafted]; nullptr: nodes 1 … kept; a row of `max_nodes` entries), moved in path
+ *        order onto the first `kept` of those positions, and rolls back the rest. Returns
+ *        the `draft_ring_status` bits; with `bad_count` or `bad_path` nothing changes.
  */
 inline std::uint32_t draft_ring_keep_rows(draft_ring_ref const& ring, int request, std::int32_t drafted,
-                                          std::int32_t kept, std::int32_t const* nodes)
+                                          std::int32_t kept, std::int32_t const* nodes, std::int64_t max_nodes)
 {
-  std::uint32_t const bad = detail::draft_ring::check_keep(drafted, kept, nodes);
+  std::uint32_t const bad = detail::draft_ring::check_keep(drafted, kept, nodes, max_nodes);
   if (bad != 0) { return bad; }
   std::int64_t end    = ring.end[request];
   std::int32_t length = ring.length[request];
@@ -150,7 +150,7 @@ class draft_ring {
         continue;
       }
       status_ |= draft_ring_keep_rows(ref_, r, drafted[b], kept ? kept[b] : 0,
-                                      nodes ? nodes + std::int64_t(b) * nodes_stride : nullptr);
+                                      nodes ? nodes + std::int64_t(b) * nodes_stride : nullptr, nodes_stride);
     }
   }
 

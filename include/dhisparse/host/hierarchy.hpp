@@ -780,7 +780,7 @@ class kv_hierarchy {
         return;
       }
       std::int32_t const keep = std::max(0, kept - 1);
-      *v.ring_status |= draft_ring_keep_rows(v.ring, ri, nq - 1, keep, keep > 0 ? path.data() + 1 : nullptr);
+      *v.ring_status |= draft_ring_keep_rows(v.ring, ri, nq - 1, keep, keep > 0 ? path.data() + 1 : nullptr, nq - 1);
     }
   }
 

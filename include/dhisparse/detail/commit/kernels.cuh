@@ -210,7 +210,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) commit_kernel(commit_params p
     __syncthreads();  // path is read below by every thread
     std::int32_t const keep    = kept > 0 ? kept - 1 : 0;
     std::uint32_t const ring_bits =
-      draft_ring::keep_rows_block(v.ring, ri, nq - 1, keep, keep > 0 ? path + 1 : nullptr);
+      draft_ring::keep_rows_block(v.ring, ri, nq - 1, keep, keep > 0 ? path + 1 : nullptr, nq - 1);
     if (ring_bits != 0 && threadIdx.x == 0) { atomicOr(v.ring_status, ring_bits); }
   }
 }

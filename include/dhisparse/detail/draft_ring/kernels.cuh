@@ -115,9 +115,9 @@ DHISPARSE_KERNEL void rollback_kernel(draft_ring_ref ring, std::int32_t const* d
  * bits (the same value in every thread).
  */
 __device__ inline std::uint32_t keep_rows_block(draft_ring_ref const& ring, int request, std::int32_t drafted,
-                                                std::int32_t kept, std::int32_t const* nodes)
+                                                std::int32_t kept, std::int32_t const* nodes, std::int64_t max_nodes)
 {
-  std::uint32_t bits = check_keep(drafted, kept, nodes);
+  std::uint32_t bits = check_keep(drafted, kept, nodes, max_nodes);
   std::int64_t const end    = ring.end[request];
   std::int32_t const length = ring.length[request];
   if (bits == 0 && drafted > end) { bits = draft_ring_status::bad_count; }
@@ -166,7 +166,7 @@ DHISPARSE_KERNEL void __launch_bounds__(copy_threads)
     return;
   }
   std::uint32_t const bits = keep_rows_block(ring, r, drafted[b], kept ? kept[b] : 0,
-                                             nodes ? nodes + std::int64_t(b) * nodes_stride : nullptr);
+                                             nodes ? nodes + std::int64_t(b) * nodes_stride : nullptr, nodes_stride);
   if (bits != 0 && threadIdx.x == 0) { atomicOr(status, bits); }
 }
 

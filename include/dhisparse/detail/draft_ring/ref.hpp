@@ -135,13 +135,16 @@ DHISPARSE_HOST_DEVICE inline void grow(std::int64_t& end, std::int32_t& length, 
 
 /**
  * Checks a keep (`draft_ring_keep_async`): of the newest `drafted` rows, `kept` along
- * `nodes` (nullptr: nodes 1 … kept). Returns the status bits; non-zero means skipped.
+ * `nodes` (nullptr: nodes 1 … kept), a row of `max_nodes` entries (a longer path is
+ * `bad_path`: it would be read past its row). Returns the status bits; non-zero means
+ * skipped.
  */
 DHISPARSE_HOST_DEVICE inline std::uint32_t check_keep(std::int32_t drafted, std::int32_t kept,
-                                                      std::int32_t const* nodes)
+                                                      std::int32_t const* nodes, std::int64_t max_nodes)
 {
   if (drafted < 0 || kept < 0 || kept > drafted) { return draft_ring_status::bad_count; }
   if (nodes != nullptr) {
+    if (kept > max_nodes) { return draft_ring_status::bad_path; }
     std::int32_t previous = 0;
     for (std::int32_t k = 0; k < kept; ++k) {
       if (nodes[k] <= previous || nodes[k] > drafted) { return draft_ring_status::bad_path; }
