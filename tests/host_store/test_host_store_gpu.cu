@@ -6,11 +6,19 @@
 
 #include <catch2/catch.hpp>
 
+#include <set>
 #include <vector>
 
 using namespace dhisparse;
 
 namespace {
+
+/// Keeps its stream busy for `cycles` clock cycles.
+__global__ void spin_kernel(long long cycles)
+{
+  long long const start = clock64();
+  while (clock64() - start < cycles) {}
+}
 
 /// Copies the first 16 bytes of the group row of (request, position) for each query.
 template <int Dummy = 0>
@@ -106,6 +114,40 @@ TEST_CASE("host_store: rows written on the host are read at the same place by ke
   DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   REQUIRE(out.download()[0].x == -1);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("host_store: released pages are handed out only after the stream passed the release (F12)",
+          "[host_store][gpu]")
+{
+  cudaStream_t stream;
+  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
+  host_store_config cfg;
+  cfg.capacity_pages  = 16;
+  cfg.tokens_per_page = 16;
+  cfg.memory          = host_memory::pinned;
+  host_store store(cfg, {1}, 656, 4, 1000, stream);
+  detail::staging_uploader uploader;
+  store.grow(0, 8 * 16, uploader, stream);  // 8 pages
+  std::set<std::byte*> released;
+  for (int p = 0; p < 8; ++p) { released.insert(store.row(0, 0, 0, p * 16)); }
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+
+  // Work enqueued before the release (a backup, in an engine) still runs when release
+  // returns: the pages stay parked until the stream reaches the release.
+  spin_kernel<<<1, 1, 0, stream>>>(1'000'000'000LL);  // ~0.5 s
+  DHISPARSE_CUDA_TRY(cudaGetLastError());
+  store.release(0, stream);
+  CHECK(store.free_pages() == 16);           // parked pages are not lost
+  store.grow(1, 8 * 16, uploader, stream);   // the 8 never-used pages, no wait
+  CHECK(cudaStreamQuery(stream) == cudaErrorNotReady);  // the release is still ahead of the device
+  for (int p = 0; p < 8; ++p) { CHECK(released.count(store.row(1, 0, 0, p * 16)) == 0); }
+  // Only parked pages are left: the next growth waits for the release, then takes them.
+  store.grow(2, 4 * 16, uploader, stream);
+  for (int p = 0; p < 4; ++p) { CHECK(released.count(store.row(2, 0, 0, p * 16)) == 1); }
+  CHECK(store.free_pages() == 4);
+  REQUIRE_THROWS_WITH(store.grow(3, 5 * 16, uploader, stream), Catch::Contains("host store exhausted"));
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  DHISPARSE_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("host_store: invalid configurations are refused", "[host_store][gpu]")

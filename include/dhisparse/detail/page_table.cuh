@@ -4,6 +4,12 @@
  *        and the same lists in a device table `[max_requests][max_pages_per_request]`
  *        (-1 = none) that kernels read. Shared by `host_store` (pages of host rows) and
  *        `residency_map` (pages of map entries).
+ *
+ * Released pages are parked behind an event recorded on the release's stream: work
+ * enqueued before the release (a backup writing the request's rows, a step reading its map)
+ * may still use them, so `grow` hands them out only once that event completed — it waits
+ * for the oldest parked pages only when the free ones alone do not cover a request.
+ * `free_pages()` counts parked pages: they are never lost, only deferred.
  */
 #pragma once
 
@@ -15,6 +21,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,7 +52,8 @@ class page_table {
     device_.fill_bytes(0xFF, stream);
   }
 
-  [[nodiscard]] std::size_t free_pages() const noexcept { return free_.size(); }
+  /// Pages not held by any request (the parked ones included).
+  [[nodiscard]] std::size_t free_pages() const noexcept { return free_.size() + parked_pages_; }
   [[nodiscard]] std::int32_t max_pages_per_request() const noexcept { return max_pages_per_request_; }
   [[nodiscard]] std::int32_t const* device_table() const noexcept { return device_.data(); }
   [[nodiscard]] std::size_t device_bytes() const noexcept { return device_.bytes(); }
@@ -72,9 +81,10 @@ class page_table {
                                          max_pages_per_request_,
                       name_ + ": capacity (" + std::to_string(capacity) + ") exceeds max_context");
     std::size_t const need = missing_pages(request, capacity);
-    DHISPARSE_EXPECTS(need <= free_.size(), name_ + " exhausted: request needs " + std::to_string(need) +
-                                              " more pages, " + std::to_string(free_.size()) + " free");
+    DHISPARSE_EXPECTS(need <= free_pages(), name_ + " exhausted: request needs " + std::to_string(need) +
+                                              " more pages, " + std::to_string(free_pages()) + " free");
     if (need == 0) { return; }
+    unpark(need);
     auto& list              = lists_[request];
     std::size_t const first = list.size();
     for (std::size_t i = 0; i < need; ++i) {
@@ -85,21 +95,68 @@ class page_table {
                     list.data() + first, need * sizeof(std::int32_t), stream);
   }
 
-  /// Returns the pages of `request` to the pool; its device row becomes empty on `stream`.
+  /**
+   * Returns the pages of `request` to the pool once `stream` reaches this call (parked
+   * until then, see the file comment); its device row becomes empty on `stream`. Inside a
+   * stream capture there is no point of the stream to wait for: the pages are free at once.
+   */
   void release(int request, cudaStream_t stream)
   {
     auto& list = lists_.at(request);
-    free_.insert(free_.end(), list.rbegin(), list.rend());
-    list.clear();
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(device_.data() + std::size_t(request) * max_pages_per_request_, 0xFF,
                                        std::size_t(max_pages_per_request_) * sizeof(std::int32_t), stream));
+    if (list.empty()) { return; }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      free_.insert(free_.end(), list.rbegin(), list.rend());
+    } else {
+      cudaEvent_t event = nullptr;
+      DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      parked p{event_ptr{event}, std::vector<std::int32_t>(list.rbegin(), list.rend())};
+      DHISPARSE_CUDA_TRY(cudaEventRecord(event, stream));
+      parked_pages_ += p.pages.size();
+      parked_.push_back(std::move(p));
+    }
+    list.clear();
   }
 
  private:
+  struct event_destroy {
+    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+  };
+  using event_ptr = std::unique_ptr<CUevent_st, event_destroy>;
+  /// Pages of one release, free once `done` completed (in the order they were released).
+  struct parked {
+    event_ptr done;
+    std::vector<std::int32_t> pages;
+  };
+
+  /// Frees the parked pages whose release the device has passed, oldest first; waits for
+  /// the oldest ones while fewer than `need` pages are free.
+  void unpark(std::size_t need)
+  {
+    while (!parked_.empty()) {
+      cudaError_t const status = cudaEventQuery(parked_.front().done.get());
+      if (status == cudaErrorNotReady) {
+        if (free_.size() >= need) { return; }
+        DHISPARSE_CUDA_TRY(cudaEventSynchronize(parked_.front().done.get()));
+      } else if (status != cudaSuccess) {
+        throw_cuda_error(status, "cudaEventQuery", __FILE__, __LINE__);
+      }
+      std::vector<std::int32_t> const& pages = parked_.front().pages;
+      free_.insert(free_.end(), pages.begin(), pages.end());
+      parked_pages_ -= pages.size();
+      parked_.pop_front();
+    }
+  }
+
   std::string name_;
   std::int32_t positions_per_page_;
   std::int32_t max_pages_per_request_;
   std::vector<std::int32_t> free_;
+  std::deque<parked> parked_;
+  std::size_t parked_pages_ = 0;
   std::vector<std::vector<std::int32_t>> lists_;
   device_array<std::int32_t> device_;
 };
