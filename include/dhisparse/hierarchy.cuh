@@ -238,7 +238,8 @@ class kv_hierarchy {
 
   /**
    * @brief Ends a request: its slots return to the free pools, its map and host pages to
-   *        their pools (its host pages may be handed to the next admission at once). Valid
+   *        their pools (handed to a later admission once the stream passed this call, so
+   *        a backup enqueued before it never writes into another request's pages). Valid
    *        at any time, also mid-step: a request of the current batch leaves the step — its
    *        entry gets 0 queries (resolve, commit and set_drafts skip it; its slot-table rows
    *        are stale and its attention outputs meaningless), its tail rows and its misses
