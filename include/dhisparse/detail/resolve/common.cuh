@@ -88,6 +88,15 @@ struct cache_bound {
   }
 };
 
+/// Warp-wide sum (every lane gets it; `__reduce_add_sync` needs sm_80, the library builds
+/// for older targets too).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int warp_sum(int v)
+{
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xFFFFFFFFu, v, o); }
+  return v;
+}
+
 /// Warp-wide minimum and maximum of 64-bit values (every lane gets them).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_min_max(std::uint64_t& lo, std::uint64_t& hi)
 {

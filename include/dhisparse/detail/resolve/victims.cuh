@@ -197,7 +197,7 @@ DHISPARSE_DEVICE void block_threshold(int n, int want, int enough, std::uint64_t
     }
   }
   warp_min_max(my_tmin, my_tmax);
-  my_ties = __reduce_add_sync(0xFFFFFFFFu, my_ties);
+  my_ties = warp_sum(my_ties);
   if ((threadIdx.x & 31) == 0 && my_ties > 0) {
     atomicAdd(&ties, my_ties);
     atomicMin(&tmin, std::uint32_t(my_tmin));
@@ -290,7 +290,7 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
     }
   }
   warp_min_max(my_kmin, my_kmax);
-  mine = __reduce_add_sync(0xFFFFFFFFu, mine);
+  mine = warp_sum(mine);
   if ((threadIdx.x & 31) == 0 && mine > 0) {
     atomicAdd(&s.count, mine);
     atomicMin(reinterpret_cast<unsigned long long*>(&s.kmin), my_kmin);
