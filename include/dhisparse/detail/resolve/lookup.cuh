@@ -153,8 +153,9 @@ DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries)
 template <class Eviction, class Budget, int Block>
 DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, workspace_view w)
 {
-  static_assert(Block == lookup_block);
+  static_assert(Block == lookup_block && Block % 32 == 0);
   __shared__ tile_totals totals;
+  __shared__ std::uint32_t live[Block / 32], dead[Block / 32];
   launch_dependents();  // allocate may be scheduled now; it waits for this grid's results
   std::uint32_t const epoch = *p.pool.epoch + 1;
   if (threadIdx.x == 0) {
@@ -165,10 +166,48 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, w
     }
   }
   __syncthreads();
+  // Tiles are sized for max_queries; a request with fewer queries has dead tiles (entries
+  // of queries q ≥ Q_b only, no tails). The block's next Block tiles are checked at once,
+  // one per thread; live ones are looked up, dead ones only get their slot-table entries
+  // set to -1 (a lookup would cost a round trip and two barriers, and at Q = 1 of
+  // Qmax = 8 seven tiles in eight are dead). With at most one tile per block the check
+  // would only add a round trip ahead of the tile's own loads: every tile is looked up.
   int const tiles = lookup_tiles(w.entries);
   int const n     = *p.batch.size * tiles;
-  for (int t = blockIdx.x; t < n; t += gridDim.x) {
-    lookup_tile<Eviction, Budget, Block>(p, w, t / tiles, (t % tiles) * Block, epoch, totals);
+  if (n <= int(gridDim.x)) {
+    if (int(blockIdx.x) < n) {
+      lookup_tile<Eviction, Budget, Block>(p, w, blockIdx.x / tiles, (blockIdx.x % tiles) * Block, epoch, totals);
+    }
+    return;
+  }
+  for (int base = blockIdx.x; base < n; base += Block * gridDim.x) {
+    int const t     = base + int(threadIdx.x) * int(gridDim.x);
+    bool is_live    = false;
+    if (t < n) {
+      int const first = (t % tiles) * Block;
+      is_live         = first == 0 || first < p.batch.queries[t / tiles] * p.top_k;
+    }
+    unsigned const ballot      = __ballot_sync(0xFFFFFFFFu, is_live);
+    unsigned const dead_ballot = __ballot_sync(0xFFFFFFFFu, t < n && !is_live);
+    if ((threadIdx.x & 31) == 0) {
+      live[threadIdx.x / 32] = ballot;
+      dead[threadIdx.x / 32] = dead_ballot;
+    }
+    __syncthreads();
+    for (int word = 0; word < Block / 32; ++word) {
+      for (std::uint32_t m = dead[word]; m != 0; m &= m - 1) {
+        int const tile = base + (word * 32 + __ffs(m) - 1) * int(gridDim.x);
+        int const i    = (tile % tiles) * Block + int(threadIdx.x);
+        if (i < w.entries) { p.slot_table[std::int64_t(tile / tiles) * w.entries + i] = -1; }
+      }
+    }
+    for (int word = 0; word < Block / 32; ++word) {
+      for (std::uint32_t m = live[word]; m != 0; m &= m - 1) {  // block-uniform
+        int const tile = base + (word * 32 + __ffs(m) - 1) * int(gridDim.x);
+        lookup_tile<Eviction, Budget, Block>(p, w, tile / tiles, (tile % tiles) * Block, epoch, totals);
+      }
+    }
+    __syncthreads();  // live is rewritten by the next round
   }
 }
 
