@@ -22,7 +22,7 @@ namespace dhisparse::detail::resolve {
 /// Per-tile counters of `lookup`, set to zero at the kernel's start and after each tile.
 struct tile_totals {
   int hits, misses, tail_selections;
-  int first_refused;  ///< the lowest refused tail (Q: none)
+  int first_refused;  ///< the lowest refused tail (1 << 30: none refused)
   std::uint32_t flags;
   std::uint32_t tail_reason;
 };
