@@ -34,8 +34,9 @@ std::string join_set_bits(std::uint32_t bits, status_text const (&table)[N], cha
 
 /// Bits of the status word kept in device memory by `kv_hierarchy` (and by the reference).
 enum status_bit : std::uint32_t {
-  /// A selection entry was out of range (negative other than -1, beyond the causal limit
-  /// of its query), not strictly increasing, or followed a -1; it was treated as empty.
+  /// A selection entry was out of range (negative other than -1, or beyond the causal
+  /// limit of its query); it was treated as empty. (Order, duplicates and -1 padding
+  /// anywhere are valid.)
   status_invalid_selection = 1u << 0,
   /// A request needed more slots than its budget allows even after evicting every
   /// evictable slot; the rows left without a slot appear as -1 in the slot table.

@@ -25,7 +25,8 @@ struct draft_ring_status {
     rollback_past_window = 1u << 2,  ///< a rollback longer than the rows held: older rows were already overwritten
     bad_request          = 1u << 3,  ///< a reset names a request outside [0, capacity) (skipped)
     bad_start            = 1u << 4,  ///< a reset to a negative start position (skipped)
-    bad_path             = 1u << 5,  ///< a keep's nodes are not increasing within [1, drafted] (skipped)
+    bad_path             = 1u << 5,  ///< a keep's nodes are not increasing within [1, drafted], or
+                                     ///< are more than their row holds (skipped)
   };
 };
 
@@ -40,7 +41,7 @@ inline std::string describe_draft_ring_status(std::uint32_t bits)
      "drafted/accepted: a rollback removed more rows than the ring held (older rows were overwritten)"},
     {draft_ring_status::bad_request, "requests / ring_index: a request index is outside [0, capacity)"},
     {draft_ring_status::bad_start, "start: a negative start position"},
-    {draft_ring_status::bad_path, "nodes: the kept nodes are not increasing within [1, drafted]"},
+    {draft_ring_status::bad_path, "nodes: the kept nodes are not increasing within [1, drafted], or exceed their row"},
   };
   return detail::join_set_bits(bits, table, "; ");
 }
