@@ -116,7 +116,7 @@ for line in "${tests[@]}"; do
   [[ -z "$filter" || "$name" =~ $filter ]] || continue
   cases=()
   if [[ -n "$split" && "$name" =~ $split ]]; then
-    mapfile -t cases < <(cd "$dir" && "${cmd[@]}" --list-test-names-only | sed '/^$/d')
+    mapfile -t cases < <(cd "$dir" && "${cmd[@]}" --list-test-names-only 2>/dev/null | sed '/^$/d')
   fi
   for tool in $tools; do
     if [ ${#cases[@]} -eq 0 ]; then

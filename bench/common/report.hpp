@@ -9,6 +9,7 @@
 #include <dhisparse/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -127,10 +128,15 @@ class json_report {
     }
     return out + "\"";
   }
+  /// Integers (row and byte counts) exactly, other values to 9 significant digits.
   static std::string number(double v)
   {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
+    if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) {
+      std::snprintf(buf, sizeof buf, "%.0f", v);
+    } else {
+      std::snprintf(buf, sizeof buf, "%.9g", v);
+    }
     return buf;
   }
   std::vector<std::pair<std::string, std::string>> top_;

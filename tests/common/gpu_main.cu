@@ -23,7 +23,7 @@ int main(int argc, char* argv[])
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("running on %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+  std::fprintf(stderr, "running on %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount);
   return Catch::Session().run(argc, argv);
 }

@@ -221,18 +221,33 @@ inline hierarchy_config make_config(trace::shape const& s, request_plan const& p
 }
 
 /**
- * @brief Replays `w` (the requests of `plan`) through `host::kv_hierarchy<opaque<16>,
- *        Eviction, Budget>` and counts the measured steps.
+ * @brief What `simulate` replays through: the host reference with 16-byte stand-in rows.
+ *
+ * A backend names the hierarchy type for an (eviction, budget) pair. Its hierarchy is built
+ * from a `hierarchy_config` and offers the host reference's calls with host arrays:
+ * `admit`, `prewarm`, `set_batch`, `resolve(group, selections, top_k, scores)`,
+ * `commit(accepted)`, `backup`, `release`, `status()`, `counters(group)` and `config()`.
+ * `bench/residency` supplies one over the GPU's `kv_hierarchy` (the same runs on the GPU).
+ */
+struct host_backend {
+  template <class Eviction, class Budget>
+  using hierarchy = host::kv_hierarchy<row_format::opaque<16>, Eviction, Budget>;
+};
+
+/**
+ * @brief Replays `w` (the requests of `plan`) through `Backend::hierarchy<Eviction,
+ *        Budget>` (default: `host::kv_hierarchy<opaque<16>, Eviction, Budget>`) and counts
+ *        the measured steps.
  * @param after_step called as `after_step(hierarchy, step)` after every step
  * @throws dhisparse::error when the workload contradicts itself (a request's recorded
  *         length differs from the tokens it committed), or a policy needs scores the
  *         workload lacks. A configuration the hierarchy refuses (a pool smaller than one
  *         floor, H below the essential set) is not an exception: `run_result::error`.
  */
-template <class Eviction, class Budget, class Observer = no_observer>
+template <class Eviction, class Budget, class Backend = host_backend, class Observer = no_observer>
 run_result simulate(workload& w, request_plan const& plan, run_config const& rc, Observer&& after_step = {})
 {
-  using hierarchy       = host::kv_hierarchy<row_format::opaque<16>, Eviction, Budget>;
+  using hierarchy       = typename Backend::template hierarchy<Eviction, Budget>;
   trace::shape const& s = w.shape();
   DHISPARSE_EXPECTS(!Eviction::needs_scores || s.scores,
                     "dhisparse-sim: the eviction policy needs selection scores; the workload has none");
@@ -356,40 +371,40 @@ run_result simulate(workload& w, request_plan const& plan, run_config const& rc,
   return out;
 }
 
-namespace detail {
-template <class T>
-struct type_tag {
-  using type = T;
-};
-}  // namespace detail
+/**
+ * @brief `simulate` with the eviction policy chosen at run time (its library defaults:
+ *        `lfu_decay<32>`, `score_ema<1, 4, 10>`) and the budget policy fixed.
+ */
+template <class Budget, class Backend = host_backend, class Observer = no_observer>
+run_result simulate_budget(workload& w, request_plan const& plan, eviction e, run_config const& rc,
+                           Observer&& after_step = {})
+{
+  switch (e) {
+    case eviction::lru: return simulate<policy::lru, Budget, Backend>(w, plan, rc, after_step);
+    case eviction::clock: return simulate<policy::clock, Budget, Backend>(w, plan, rc, after_step);
+    case eviction::lfu_decay: return simulate<policy::lfu_decay<>, Budget, Backend>(w, plan, rc, after_step);
+    case eviction::score_ema: return simulate<policy::score_ema<>, Budget, Backend>(w, plan, rc, after_step);
+  }
+  throw error("dhisparse-sim: unknown eviction policy");
+}
 
 /**
  * @brief `simulate` with the policies chosen at run time.
  * @param e eviction policy (its library defaults: `lfu_decay<32>`, `score_ema<1, 4, 10>`)
  * @param b budget policy (`static_slots`: H = `rc.static_slots`)
  */
-template <class Observer = no_observer>
+template <class Backend = host_backend, class Observer = no_observer>
 run_result simulate(workload& w, request_plan const& plan, eviction e, budget b, run_config const& rc,
                     Observer&& after_step = {})
 {
-  auto const with_budget = [&](auto tag) {
-    using E = typename decltype(tag)::type;
-    switch (b) {
-      case budget::static_slots: return simulate<E, static_slots_budget>(w, plan, rc, after_step);
-      case budget::global:
-        return simulate<E, policy::adaptive_budget<reclaim_order::global>>(w, plan, rc, after_step);
-      case budget::fair_share:
-        return simulate<E, policy::adaptive_budget<reclaim_order::fair_share>>(w, plan, rc, after_step);
-    }
-    throw error("dhisparse-sim: unknown budget");
-  };
-  switch (e) {
-    case eviction::lru: return with_budget(detail::type_tag<policy::lru>{});
-    case eviction::clock: return with_budget(detail::type_tag<policy::clock>{});
-    case eviction::lfu_decay: return with_budget(detail::type_tag<policy::lfu_decay<>>{});
-    case eviction::score_ema: return with_budget(detail::type_tag<policy::score_ema<>>{});
+  switch (b) {
+    case budget::static_slots: return simulate_budget<static_slots_budget, Backend>(w, plan, e, rc, after_step);
+    case budget::global:
+      return simulate_budget<policy::adaptive_budget<reclaim_order::global>, Backend>(w, plan, e, rc, after_step);
+    case budget::fair_share:
+      return simulate_budget<policy::adaptive_budget<reclaim_order::fair_share>, Backend>(w, plan, e, rc, after_step);
   }
-  throw error("dhisparse-sim: unknown eviction policy");
+  throw error("dhisparse-sim: unknown budget");
 }
 
 }  // namespace dhisparse::sim
