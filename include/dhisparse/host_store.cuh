@@ -21,13 +21,15 @@
  * kernels read and write rows directly (zero-copy): the pinned memory resource by default
  * (memory_resource.cuh; its default is `cudaHostAlloc`), transparent huge pages (`mmap` +
  * `madvise` + `cudaHostRegister`), or caller memory (`cudaHostRegister`). The device page
- * table comes from the device resource; `bytes_required` reports both before construction. An engine's transfer layer can write prefill rows straight into
- * host pages (`row`) before the request's first step: direct-to-host admission.
+ * table comes from the device resource; `bytes_required` reports both before
+ * construction. An engine's transfer layer can write prefill rows straight into host
+ * pages (`row`) before the request's first step: direct-to-host admission.
  *
  * NUMA. On a machine with several NUMA nodes, pinned and huge-page stores prefer the node
  * closest to the current GPU (`host_store_config::numa_node`, detail/numa.hpp): huge pages
  * are `mbind`-ed before they are touched, the pinned resource runs under a thread policy
- * that prefers the node (which places what `cudaHostAlloc` touches). Where the system refuses or there is one node, nothing is bound;
+ * that prefers the node (which places what `cudaHostAlloc` touches). Where the system
+ * refuses or there is one node, nothing is bound;
  * `numa()` says what happened and on which node the first page landed.
  */
 #pragma once
