@@ -36,6 +36,8 @@
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/group_counters.hpp>
+#include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/memory_resource.cuh>
 #include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/row_format.cuh>
 
@@ -165,46 +167,45 @@ class device_pool {
    * @param caller_slab  optional caller-owned device memory for the slab (16-byte aligned,
    *                     num_slots × group_row_bytes); nullptr = allocate
    * @param stream       stream on which the metadata is initialised
+   * @param resources    where the slab (unless the caller's) and the metadata come from
    */
-  device_pool(device_pool_shape const& shape, void* caller_slab, cudaStream_t stream) : shape_{shape}
+  device_pool(device_pool_shape const& shape, void* caller_slab, cudaStream_t stream,
+              memory_resources const& resources = {})
+    : shape_{shape}
   {
-    DHISPARSE_EXPECTS(shape.num_slots > 0, "device_pool: num_slots must be positive");
-    DHISPARSE_EXPECTS(shape.group_row_bytes > 0 && shape.group_row_bytes % row_alignment == 0,
-                      "device_pool: group_row_bytes (" + std::to_string(shape.group_row_bytes) +
-                        ") must be a positive multiple of 16");
-    DHISPARSE_EXPECTS(shape.max_requests > 0, "device_pool: max_requests must be positive");
-    DHISPARSE_EXPECTS(shape.max_owned >= 0 && shape.cache_capacity >= 0,
-                      "device_pool: max_owned and cache_capacity must not be negative");
-    DHISPARSE_EXPECTS(shape.spare_capacity > 0, "device_pool: spare_capacity must be positive");
-    DHISPARSE_EXPECTS(shape.dirty_capacity > 0, "device_pool: dirty_capacity must be positive");
-    std::size_t const slots      = std::size_t(shape.num_slots);
-    std::size_t const requests   = std::size_t(shape.max_requests);
-    std::size_t const slab_bytes = slots * shape.group_row_bytes;
+    check(shape);
+    std::size_t const slab_bytes = std::size_t(shape.num_slots) * shape.group_row_bytes;
+    device_memory_resource& device = detail::device_resource(resources);
     if (caller_slab != nullptr) {
       DHISPARSE_EXPECTS(reinterpret_cast<std::uintptr_t>(caller_slab) % row_alignment == 0,
                         "device_pool: caller slab memory must be 16-byte aligned");
       slab_ = detail::device_array<std::byte>(static_cast<std::byte*>(caller_slab), slab_bytes);
     } else {
-      slab_ = detail::device_array<std::byte>(slab_bytes);
+      slab_ = detail::device_array<std::byte>(slab_bytes, device, stream);
     }
-    slot_i32_   = detail::device_array<std::int32_t>(3 * slots);   // owner, position, free stack
-    slot_u32_   = detail::device_array<std::uint32_t>(4 * slots);  // touched, dirty, count, score
-    state_      = detail::device_array<policy_state>(slots);
-    keys_       = detail::device_array<std::uint64_t>(slots);
-    request_i32_ = detail::device_array<std::int32_t>(requests * (3 + std::size_t(shape.spare_capacity)));
-    owned_      = detail::device_array<std::int32_t>(requests * std::size_t(shape.max_owned));
-    std::size_t const cache = requests * std::size_t(shape.cache_capacity);
-    cache_i32_  = detail::device_array<std::int32_t>(cache > 0 ? 2 * cache + 2 * requests : 0);
-    cache_key_  = detail::device_array<std::uint64_t>(cache);
-    cache_flags_ = detail::device_array<std::uint32_t>(cache > 0 ? requests : 0);
-    dirty_list_ = detail::device_array<std::int32_t>(std::size_t(shape.dirty_capacity));
-    scalars_    = detail::device_array<std::int32_t>(5);  // free_count, limit, epoch, dirty count, overflow
-    counters_   = detail::device_array<group_counters>(1);
+    metadata_arrays(shape, [&](auto member, std::size_t n) { detail::allocate(this->*member, n, device, stream); });
     constexpr int block = 256;
     std::int64_t const work = std::max<std::int64_t>(shape.num_slots, shape.max_requests);
     int const blocks        = int(std::min<std::int64_t>(1024, (work + block - 1) / block));
     detail::init_pool_kernel<block><<<blocks, block, 0, stream>>>(ref());
     DHISPARSE_CUDA_TRY(cudaGetLastError());
+  }
+
+  /**
+   * @brief Memory a pool of `shape` allocates (device only): the slab unless
+   *        `caller_slab`, and the metadata.
+   * @throws dhisparse::error on an invalid shape, as the constructor
+   */
+  static memory_footprint bytes_required(device_pool_shape const& shape, bool caller_slab)
+  {
+    check(shape);
+    memory_footprint f{};
+    f.slab_bytes = caller_slab ? 0 : std::size_t(shape.num_slots) * shape.group_row_bytes;
+    f.device_bytes = f.slab_bytes;
+    metadata_arrays(shape, [&](auto member, std::size_t n) {
+      f.device_bytes += detail::allocated_bytes(member, n);
+    });
+    return f;
   }
 
   [[nodiscard]] std::int32_t num_slots() const noexcept { return shape_.num_slots; }
@@ -268,6 +269,41 @@ class device_pool {
   }
 
  private:
+  static void check(device_pool_shape const& shape)
+  {
+    DHISPARSE_EXPECTS(shape.num_slots > 0, "device_pool: num_slots must be positive");
+    DHISPARSE_EXPECTS(shape.group_row_bytes > 0 && shape.group_row_bytes % row_alignment == 0,
+                      "device_pool: group_row_bytes (" + std::to_string(shape.group_row_bytes) +
+                        ") must be a positive multiple of 16");
+    DHISPARSE_EXPECTS(shape.max_requests > 0, "device_pool: max_requests must be positive");
+    DHISPARSE_EXPECTS(shape.max_owned >= 0 && shape.cache_capacity >= 0,
+                      "device_pool: max_owned and cache_capacity must not be negative");
+    DHISPARSE_EXPECTS(shape.spare_capacity > 0, "device_pool: spare_capacity must be positive");
+    DHISPARSE_EXPECTS(shape.dirty_capacity > 0, "device_pool: dirty_capacity must be positive");
+  }
+
+  /// Calls `f(member, elements)` for every metadata array of a pool of `shape`: the
+  /// constructor allocates them, `bytes_required` sums them.
+  template <class F>
+  static void metadata_arrays(device_pool_shape const& shape, F&& f)
+  {
+    std::size_t const slots    = std::size_t(shape.num_slots);
+    std::size_t const requests = std::size_t(shape.max_requests);
+    std::size_t const cache    = requests * std::size_t(shape.cache_capacity);
+    f(&device_pool::slot_i32_, 3 * slots);  // owner, position, free stack
+    f(&device_pool::slot_u32_, 4 * slots);  // touched, dirty, count, score
+    f(&device_pool::state_, slots);
+    f(&device_pool::keys_, slots);
+    f(&device_pool::request_i32_, requests * (3 + std::size_t(shape.spare_capacity)));
+    f(&device_pool::owned_, requests * std::size_t(shape.max_owned));
+    f(&device_pool::cache_i32_, cache > 0 ? 2 * cache + 2 * requests : 0);
+    f(&device_pool::cache_key_, cache);
+    f(&device_pool::cache_flags_, cache > 0 ? requests : 0);
+    f(&device_pool::dirty_list_, std::size_t(shape.dirty_capacity));
+    f(&device_pool::scalars_, 5);  // free_count, limit, epoch, dirty count, overflow
+    f(&device_pool::counters_, 1);
+  }
+
   device_pool_shape shape_;
   detail::device_array<std::byte> slab_;
   detail::device_array<std::int32_t> slot_i32_;

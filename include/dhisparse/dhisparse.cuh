@@ -9,6 +9,7 @@
 #include <dhisparse/row_format.cuh>
 #include <dhisparse/status.hpp>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/memory_resource.cuh>
 #include <dhisparse/group_counters.hpp>
 #include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/policy/lru.cuh>

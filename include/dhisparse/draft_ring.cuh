@@ -28,8 +28,11 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/draft_ring/ref.hpp>
 #include <dhisparse/error.cuh>
+#include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/memory_resource.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -169,6 +172,12 @@ inline cudaError_t draft_ring_reset_async(draft_ring_ref const& ring, std::int32
  */
 class draft_ring {
  public:
+  /// Bytes of the metadata of a ring of `capacity` requests: end (int64) and length per
+  /// request, then the status word.
+  static std::size_t meta_bytes(int capacity)
+  {
+    return std::size_t(capacity) * (sizeof(std::int64_t) + sizeof(std::int32_t)) + 16;
+  }
   /// Bytes of the rows of a ring of this shape.
   static std::size_t rows_bytes(int capacity, int window, int layers, std::size_t row_bytes)
   {
@@ -182,10 +191,12 @@ class draft_ring {
    * @param rows caller memory for the rows (≥ `rows_bytes(…)`, 16-byte aligned, not
    *        freed by the ring) or nullptr to allocate it
    * @param rows_size bytes available at `rows`
+   * @param resources where the metadata and (without `rows`) the rows come from (device
+   *        memory, allocated and returned on the legacy default stream)
    * @throws dhisparse::error naming the bad argument, or on a failed allocation
    */
   draft_ring(int capacity, int window, int layers, std::size_t row_bytes, void* rows = nullptr,
-             std::size_t rows_size = 0)
+             std::size_t rows_size = 0, memory_resources const& resources = {})
   {
     ref_.capacity  = capacity;
     ref_.window    = window;
@@ -201,21 +212,33 @@ class draft_ring {
       problem = "draft_ring: rows (caller memory) is not 16-byte aligned";
     }
     DHISPARSE_EXPECTS(problem.empty(), problem);
-    std::size_t const meta = std::size_t(capacity) * (sizeof(std::int64_t) + sizeof(std::int32_t)) + 16;
-    DHISPARSE_CUDA_TRY(cudaMalloc(&meta_, meta));
+    device_memory_resource& device = detail::device_resource(resources);
+    meta_ = detail::device_array<std::byte>(meta_bytes(capacity), device, nullptr);
     if (rows == nullptr && capacity > 0) {
-      cudaError_t const e = cudaMalloc(&owned_rows_, rows_bytes(capacity, window, layers, row_bytes));
-      if (e != cudaSuccess) {
-        cudaFree(meta_);
-        DHISPARSE_CUDA_TRY(e);
-      }
-      ref_.data = static_cast<std::byte*>(owned_rows_);
+      owned_rows_ = detail::device_array<std::byte>(rows_bytes(capacity, window, layers, row_bytes), device, nullptr);
+      ref_.data   = owned_rows_.data();
     }
-    ref_.end    = static_cast<std::int64_t*>(meta_);
+    ref_.end    = reinterpret_cast<std::int64_t*>(meta_.data());
     ref_.length = reinterpret_cast<std::int32_t*>(ref_.end + capacity);
     status_     = reinterpret_cast<std::uint32_t*>(ref_.length + capacity);
-    DHISPARSE_CUDA_TRY(cudaMemset(meta_, 0, meta));
+    DHISPARSE_CUDA_TRY(cudaMemset(meta_.data(), 0, meta_.bytes()));
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  }
+
+  /**
+   * @brief Device memory a ring of this shape allocates: the metadata and, unless
+   *        `caller_rows`, the rows (see `memory_footprint`).
+   * @throws dhisparse::error naming the bad argument, as the constructor
+   */
+  static memory_footprint bytes_required(int capacity, int window, int layers, std::size_t row_bytes,
+                                         bool caller_rows)
+  {
+    std::string const problem = draft_ring_shape_problem(capacity, window, layers, std::int64_t(row_bytes));
+    DHISPARSE_EXPECTS(problem.empty(), problem);
+    memory_footprint f{};
+    f.device_bytes = meta_bytes(capacity);
+    if (!caller_rows && capacity > 0) { f.device_bytes += rows_bytes(capacity, window, layers, row_bytes); }
+    return f;
   }
 
   draft_ring(draft_ring&& o) noexcept { swap(o); }
@@ -226,11 +249,7 @@ class draft_ring {
   }
   draft_ring(draft_ring const&)            = delete;
   draft_ring& operator=(draft_ring const&) = delete;
-  ~draft_ring()
-  {
-    cudaFree(owned_rows_);
-    cudaFree(meta_);
-  }
+  ~draft_ring() = default;
 
   /// The view kernels read (device pointers).
   draft_ring_ref ref() const noexcept { return ref_; }
@@ -297,8 +316,8 @@ class draft_ring {
 
   draft_ring_ref ref_{};
   std::uint32_t* status_ = nullptr;
-  void* meta_            = nullptr;
-  void* owned_rows_      = nullptr;
+  detail::device_array<std::byte> meta_;        // end, length per request; status word
+  detail::device_array<std::byte> owned_rows_;  // empty with caller rows
 };
 
 }  // namespace dhisparse

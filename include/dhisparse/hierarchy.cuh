@@ -61,6 +61,7 @@
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/host_store.cuh>
+#include <dhisparse/memory_resource.cuh>
 #include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/policy/lru.cuh>
 #include <dhisparse/policy/static_budget.cuh>
@@ -79,8 +80,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dhisparse {
@@ -105,38 +106,34 @@ class kv_hierarchy {
   static constexpr std::int32_t prewarm_chunk = 1 << 16;
 
   /**
-   * @brief Allocates every device and host structure; initialisation is ordered on
-   *        `stream` (and completed before returning).
+   * @brief Allocates every device and host structure from `config.resources` (nullptr:
+   *        `cudaMalloc`, `cudaHostAlloc`): `bytes_required(config)` bytes, no more.
+   *        Initialisation is ordered on `stream` (and completed before returning); device
+   *        memory is returned on `stream` at destruction, so it must outlive the hierarchy
+   *        where the device resource is stream-ordered.
    * @throws dhisparse::error naming the invalid field of `config`, a budget that does not
    *         fit it, or a failed allocation
    */
   kv_hierarchy(hierarchy_config config, cudaStream_t stream)
     : config_{std::move(config)},
       ledger_{(detail::validate(config_), config_)},
-      host_{config_.host, config_.group_layers, RowFormat::bytes, config_.max_requests, config_.max_context, stream},
+      uploader_{detail::pinned_resource(config_.resources)},
+      host_{config_.host, config_.group_layers, RowFormat::bytes, config_.max_requests, config_.max_context, stream,
+            config_.resources},
       map_{config_.num_groups(), config_.map_page_positions, map_pages(config_), config_.max_requests,
-           config_.max_context, stream}
+           config_.max_context, stream, config_.resources}
   {
-    int const groups = config_.num_groups();
-    device_pool_shape shape{};
-    shape.num_slots      = std::int32_t(config_.device_slots_per_group);
-    shape.max_requests   = config_.max_requests;
-    shape.spare_capacity = config_.max_queries;
-    shape.dirty_capacity = config_.max_batch * config_.max_queries * config_.backup_interval_steps;
-    if constexpr (per_request) {
-      shape.max_owned = ledger_.cap_at(config_.max_context);
-      if constexpr (Eviction::search == victim_search::smallest_key) {
-        shape.cache_capacity = std::clamp(shape.max_owned / 4, 1, detail::resolve::max_cache_entries);
-      }
-    }
+    int const groups               = config_.num_groups();
+    device_memory_resource& device = detail::device_resource(config_.resources);
     std::vector<device_pool_ref> refs;
     for (int g = 0; g < groups; ++g) {
-      shape.group_row_bytes = std::size_t(config_.group_layers[g]) * RowFormat::bytes;
-      pools_.emplace_back(shape, config_.slab_memory.empty() ? nullptr : config_.slab_memory[g], stream);
+      device_pool_shape const shape = pool_shape(config_, ledger_, g);
+      pools_.emplace_back(shape, config_.slab_memory.empty() ? nullptr : config_.slab_memory[g], stream,
+                          config_.resources);
       refs.push_back(pools_.back().ref());
       if constexpr (reclaims) {
-        std::int32_t const segments = Budget::reclaim == reclaim_order::fair_share ? config_.max_requests : 1;
-        reclaim_memory_.emplace_back(reclaim_scratch_size(shape.num_slots, segments));
+        std::int32_t const segments = reclaim_segments(config_);
+        reclaim_memory_.emplace_back(reclaim_scratch_size(shape.num_slots, segments), device, stream);
         reclaim_memory_.back().fill_bytes(0, stream);
         reclaim_scratch_.push_back(make_reclaim_scratch(reclaim_memory_.back().data(), shape.num_slots, segments));
       }
@@ -146,21 +143,10 @@ class kv_hierarchy {
       reclaim_blocks_ = rc::cooperative_blocks(rc::resolve_reclaim_kernel<Eviction, rc::block_size>, rc::block_size);
       DHISPARSE_EXPECTS(reclaim_blocks_ > 0, "kv_hierarchy: the reclaim kernel cannot be launched cooperatively");
     }
-    pool_refs_ = detail::device_array<device_pool_ref>(groups);
-    layouts_   = detail::device_array<group_layout>(groups);
+    device_arrays(config_, [&](auto member, std::size_t n) { detail::allocate(this->*member, n, device, stream); });
     uploader_.upload(pool_refs_.data(), refs.data(), refs.size() * sizeof(device_pool_ref), stream);
     uploader_.upload(layouts_.data(), host_.layouts().data(), groups * sizeof(group_layout), stream);
 
-    std::size_t const entries = config_.step_entries();
-    batch_      = detail::device_array<std::int32_t>(1 + 2 * std::size_t(config_.max_batch));
-    requests_i32_ = detail::device_array<std::int32_t>(4 * std::size_t(config_.max_requests));
-    tail_slots_ = detail::device_array<std::int32_t>(std::size_t(groups) * config_.max_batch * config_.max_queries);
-    status_     = detail::device_array<std::uint32_t>(1);
-    step_queries_  = detail::device_array<std::int32_t>(3 * std::size_t(config_.max_batch) * config_.max_queries +
-                                                        std::size_t(config_.max_batch));
-    commit_status_ = detail::device_array<std::uint32_t>(std::size_t(config_.max_batch));
-    prewarm_plan_  = detail::device_array<miss_entry>(prewarm_chunk);
-    prewarm_count_ = detail::device_array<std::int32_t>(1);
     batch_.fill_bytes(0, stream);
     requests_i32_.fill_bytes(0, stream);
     tail_slots_.fill_bytes(0xFF, stream);
@@ -171,21 +157,46 @@ class kv_hierarchy {
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(const_cast<std::int32_t*>(committed_rows()), 0,
                                        std::size_t(config_.max_batch) * sizeof(std::int32_t), stream));
     commit_status_.fill_bytes(0, stream);
-    workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries, config_.max_top_k,
-                                              config_.max_context);
+    workspace_bytes_ = workspace_size(config_);
     for (int i = 0; i < 2; ++i) {
-      slot_tables_[i] = detail::device_array<std::int32_t>(entries);
       slot_tables_[i].fill_bytes(0xFF, stream);
-      plans_[i]       = detail::device_array<miss_entry>(entries);
-      plan_counts_[i] = detail::device_array<std::int32_t>(1);
       plan_counts_[i].fill_bytes(0, stream);
-      workspaces_[i] = detail::device_array<std::byte>(workspace_bytes_);
       workspaces_[i].fill_bytes(0, stream);
     }
-    std::uint32_t* pinned = nullptr;
-    DHISPARSE_CUDA_TRY(cudaHostAlloc(&pinned, sizeof(std::uint32_t), cudaHostAllocDefault));
-    status_host_.reset(pinned);
+    status_host_ = detail::pinned_array<std::uint32_t>(1, detail::pinned_resource(config_.resources), nullptr);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+
+  /**
+   * @brief Memory a hierarchy of `config` allocates, before constructing it: what the
+   *        constructor asks `config.resources` for, to the byte (sizes as asked, before any
+   *        rounding by the resource). Nothing is allocated after construction: `admit` and
+   *        `reserve` take host pages and map pages from pools sized here (the host store's
+   *        device page table is allocated whole, `[max_requests][max_context / P]`; only
+   *        its host-side page lists grow, in ordinary heap memory).
+   *
+   * `device_bytes` holds the slabs (`slab_bytes`, 0 for caller slabs), the device pools'
+   * metadata, the residency map, the page table and the step buffers; `pinned_bytes` the
+   * host store's pages (with `host_memory::pinned`), the upload staging ring and a status
+   * word. `host_store_bytes` reports the store's pages whatever their memory kind.
+   * @throws dhisparse::error as the constructor does for an invalid configuration
+   */
+  static memory_footprint bytes_required(hierarchy_config const& config)
+  {
+    detail::validate(config);
+    detail::budget_ledger<Budget> const ledger{config};
+    memory_footprint f = host_store::bytes_required(config.host, config.group_layers, RowFormat::bytes,
+                                                    config.max_requests, config.max_context);
+    f += residency_map::bytes_required(config.num_groups(), config.map_page_positions, map_pages(config),
+                                       config.max_requests, config.max_context);
+    for (int g = 0; g < config.num_groups(); ++g) {
+      device_pool_shape const shape = pool_shape(config, ledger, g);
+      f += device_pool::bytes_required(shape, !config.slab_memory.empty() && config.slab_memory[g] != nullptr);
+      if constexpr (reclaims) { f.device_bytes += reclaim_scratch_size(shape.num_slots, reclaim_segments(config)); }
+    }
+    device_arrays(config, [&](auto member, std::size_t n) { f.device_bytes += detail::allocated_bytes(member, n); });
+    f.pinned_bytes += detail::staging_uploader::ring_bytes + sizeof(std::uint32_t);  // ring, status word
+    return f;
   }
 
   kv_hierarchy(kv_hierarchy&&) noexcept            = default;
@@ -697,10 +708,10 @@ class kv_hierarchy {
   /// Reads the status word; synchronizes `stream`.
   [[nodiscard]] std::uint32_t status_sync(cudaStream_t stream) const
   {
-    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(status_host_.get(), status_.data(), sizeof(std::uint32_t),
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(status_host_.data(), status_.data(), sizeof(std::uint32_t),
                                        cudaMemcpyDeviceToHost, stream));
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    return *status_host_;
+    return *status_host_.data();
   }
 
   /// Clears the status word, ordered on `stream`.
@@ -759,6 +770,56 @@ class kv_hierarchy {
   }
 
  private:
+  /// The device pool of `group` (the constructor and `bytes_required`).
+  static device_pool_shape pool_shape(hierarchy_config const& c, detail::budget_ledger<Budget> const& ledger,
+                                      int group)
+  {
+    device_pool_shape shape{};
+    shape.num_slots       = std::int32_t(c.device_slots_per_group);
+    shape.max_requests    = c.max_requests;
+    shape.spare_capacity  = c.max_queries;
+    shape.dirty_capacity  = c.max_batch * c.max_queries * c.backup_interval_steps;
+    shape.group_row_bytes = std::size_t(c.group_layers[group]) * RowFormat::bytes;
+    if constexpr (per_request) {
+      shape.max_owned = ledger.cap_at(c.max_context);
+      if constexpr (Eviction::search == victim_search::smallest_key) {
+        shape.cache_capacity = std::clamp(shape.max_owned / 4, 1, detail::resolve::max_cache_entries);
+      }
+    }
+    return shape;
+  }
+  static std::int32_t reclaim_segments(hierarchy_config const& c)
+  {
+    return Budget::reclaim == reclaim_order::fair_share ? c.max_requests : 1;
+  }
+  static std::size_t workspace_size(hierarchy_config const& c)
+  {
+    return resolve_workspace_size(c.max_batch, c.max_queries, c.max_top_k, c.max_context);
+  }
+
+  /// Calls `f(member, elements)` for every device array of the hierarchy itself (not of its
+  /// components): the constructor allocates them, `bytes_required` sums them.
+  template <class F>
+  static void device_arrays(hierarchy_config const& c, F&& f)
+  {
+    std::size_t const groups = std::size_t(c.num_groups());
+    std::size_t const batch  = std::size_t(c.max_batch);
+    f(&kv_hierarchy::pool_refs_, groups);
+    f(&kv_hierarchy::layouts_, groups);
+    f(&kv_hierarchy::batch_, 1 + 2 * batch);
+    f(&kv_hierarchy::requests_i32_, 4 * std::size_t(c.max_requests));
+    f(&kv_hierarchy::tail_slots_, groups * batch * c.max_queries);
+    f(&kv_hierarchy::status_, 1);
+    f(&kv_hierarchy::step_queries_, 3 * batch * c.max_queries + batch);
+    f(&kv_hierarchy::commit_status_, batch);
+    f(&kv_hierarchy::prewarm_plan_, std::size_t(prewarm_chunk));
+    f(&kv_hierarchy::prewarm_count_, 1);
+    f(&kv_hierarchy::slot_tables_, c.step_entries());  // two of each: double-buffered by group parity
+    f(&kv_hierarchy::plans_, c.step_entries());
+    f(&kv_hierarchy::plan_counts_, 1);
+    f(&kv_hierarchy::workspaces_, workspace_size(c));
+  }
+
   static std::size_t map_pages(hierarchy_config const& c)
   {
     std::size_t const tokens = c.host.capacity_pages * std::size_t(c.host.tokens_per_page);
@@ -965,10 +1026,7 @@ class kv_hierarchy {
   std::array<detail::device_array<std::int32_t>, 2> plan_counts_;
   std::array<detail::device_array<std::byte>, 2> workspaces_;
   std::size_t workspace_bytes_ = 0;
-  struct pinned_deleter {
-    void operator()(std::uint32_t* p) const noexcept { cudaFreeHost(p); }
-  };
-  std::unique_ptr<std::uint32_t, pinned_deleter> status_host_;
+  detail::pinned_array<std::uint32_t> status_host_;
   detail::request_table requests_{config_};
   int batch_count_ = 0;
   std::vector<int> resolved_top_k_ = std::vector<int>(std::size_t(config_.num_groups()), 0);  // per group

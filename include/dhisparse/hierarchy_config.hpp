@@ -36,9 +36,44 @@ struct layer_view {
   std::size_t stride;
 };
 
+class device_memory_resource;  // memory_resource.cuh
+class pinned_memory_resource;  // memory_resource.cuh
+
+/// The resources an owner allocates from (memory_resource.cuh); nullptr: the default
+/// (`cudaMalloc`, `cudaHostAlloc`). Not owned: they must outlive the owner.
+struct memory_resources {
+  device_memory_resource* device = nullptr;  ///< every device allocation
+  pinned_memory_resource* pinned = nullptr;  ///< every pinned host allocation (see `host_memory`)
+};
+
+/**
+ * @brief Bytes an owner allocates, reported before construction by `bytes_required` and
+ *        equal to what its constructor asks its resources for (sizes as asked, before any
+ *        rounding by the resource). Nothing is allocated later: `admit` and `reserve` take
+ *        pages from pools sized here; the host-side page lists are ordinary heap memory.
+ */
+struct memory_footprint {
+  std::size_t device_bytes = 0;  ///< from the device resource (slabs included unless caller-owned)
+  std::size_t pinned_bytes = 0;  ///< from the pinned resource (the store's pages with host_memory::pinned)
+  std::size_t slab_bytes   = 0;  ///< of which device_bytes: the groups' slabs
+  /// The host store's pages (capacity_pages × page bytes), wherever they come from: part of
+  /// pinned_bytes with host_memory::pinned; mapped by the store itself with huge_pages
+  /// (rounded up to 2 MiB, not through the resource); the caller's with host_memory::caller.
+  std::size_t host_store_bytes = 0;
+
+  memory_footprint& operator+=(memory_footprint const& o) noexcept
+  {
+    device_bytes += o.device_bytes;
+    pinned_bytes += o.pinned_bytes;
+    slab_bytes += o.slab_bytes;
+    host_store_bytes += o.host_store_bytes;
+    return *this;
+  }
+};
+
 /// Where the host store's pages live.
 enum class host_memory {
-  pinned,      ///< `cudaHostAlloc` (mapped, portable): the default
+  pinned,      ///< the pinned memory resource (default: `cudaHostAlloc`, mapped, portable)
   huge_pages,  ///< anonymous `mmap` with `madvise(MADV_HUGEPAGE)`, then `cudaHostRegister`
   caller,      ///< memory the caller owns (`host_store_config::caller_memory`), registered
                ///< with `cudaHostRegister` unless `caller_memory_registered` says it is
@@ -90,6 +125,9 @@ struct hierarchy_config {
   /// Optional caller-owned slab per group (device memory, 16-byte aligned, at least
   /// device_slots_per_group × layers × row bytes). Empty: the hierarchy allocates.
   std::vector<void*> slab_memory{};
+  /// Where every device and pinned allocation comes from (nullptr: the defaults); see
+  /// memory_resource.cuh and `kv_hierarchy::bytes_required`.
+  memory_resources resources{};
 
   [[nodiscard]] int num_groups() const noexcept { return int(group_layers.size()); }
   /// Layers of all groups (at most `max_total_layers` in a configuration `validate` accepts).

@@ -18,15 +18,18 @@
  * between steps whose device-table updates are ordered on the given stream.
  *
  * Memory. Pages live in pinned host memory mapped into the device address space, so
- * kernels read and write rows directly (zero-copy): `cudaHostAlloc` by default,
- * transparent huge pages (`mmap` + `madvise` + `cudaHostRegister`), or caller memory
- * (`cudaHostRegister`). An engine's transfer layer can write prefill rows straight into
- * host pages (`row`) before the request's first step: direct-to-host admission.
+ * kernels read and write rows directly (zero-copy): the pinned memory resource by default
+ * (memory_resource.cuh; its default is `cudaHostAlloc`), transparent huge pages (`mmap` +
+ * `madvise` + `cudaHostRegister`), or caller memory (`cudaHostRegister`). The device page
+ * table comes from the device resource; `bytes_required` reports both before
+ * construction. An engine's transfer layer can write prefill rows straight into host
+ * pages (`row`) before the request's first step: direct-to-host admission.
  *
  * NUMA. On a machine with several NUMA nodes, pinned and huge-page stores prefer the node
  * closest to the current GPU (`host_store_config::numa_node`, detail/numa.hpp): huge pages
- * are `mbind`-ed before they are touched, `cudaHostAlloc` runs under a thread policy that
- * prefers the node. Where the system refuses or there is one node, nothing is bound;
+ * are `mbind`-ed before they are touched, the pinned resource runs under a thread policy
+ * that prefers the node (which places what `cudaHostAlloc` touches). Where the system
+ * refuses or there is one node, nothing is bound;
  * `numa()` says what happened and on which node the first page landed.
  */
 #pragma once
@@ -38,6 +41,7 @@
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/memory_resource.cuh>
 #include <dhisparse/row_format.cuh>
 
 #include <cuda_runtime_api.h>
@@ -88,12 +92,14 @@ static_assert(std::is_trivially_copyable_v<host_store_ref>);
 
 namespace detail {
 
-/// Move-only owner of the host store's memory: pinned, huge pages or registered caller
-/// memory, mapped into the device address space.
+/// Move-only owner of the host store's memory: from the pinned resource, huge pages or
+/// registered caller memory, mapped into the device address space.
 class pinned_host_memory {
  public:
   pinned_host_memory() = default;
-  pinned_host_memory(host_store_config const& config, std::size_t bytes) : kind_{config.memory}
+  pinned_host_memory(host_store_config const& config, std::size_t bytes,
+                     pinned_memory_resource& pinned = default_pinned_resource())
+    : kind_{config.memory}
   {
     numa_.requested = config.numa_node;
     numa::choice const where =
@@ -103,19 +109,19 @@ class pinned_host_memory {
     numa_.reason = where.reason;
     switch (kind_) {
       case host_memory::pinned: {
-        // cudaHostAlloc touches its pages in this thread: a thread policy places them.
+        // cudaHostAlloc (the default resource) touches its pages in this thread: a thread
+        // policy places them. A caller's resource that hands out touched memory places it.
         std::optional<numa::scoped_preferred_node> prefer;
         if (where.node >= 0) {
           prefer.emplace(where.node);
           if (prefer->status() != 0) { unbind(numa::refused("set_mempolicy", prefer->status())); }
         }
-        DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes,
-                                         cudaHostAllocMapped | cudaHostAllocPortable));
+        pages_ = pinned_array<std::byte>(bytes, pinned, nullptr);
+        host_  = pages_.data();
         break;
       }
       case host_memory::huge_pages: {
-        std::size_t const huge = std::size_t{2} << 20;
-        mapped_bytes_          = (bytes + huge - 1) / huge * huge;
+        mapped_bytes_ = mapped_size(kind_, bytes);
         void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         DHISPARSE_EXPECTS(p != MAP_FAILED,
                           "host_store: mmap of " + std::to_string(mapped_bytes_) + " bytes failed");
@@ -155,12 +161,19 @@ class pinned_host_memory {
   {
     if (host_ == nullptr) { return; }
     if (registered_) { cudaHostUnregister(host_); }
-    if (kind_ == host_memory::pinned) { cudaFreeHost(host_); }
     if (kind_ == host_memory::huge_pages) { ::munmap(host_, mapped_bytes_); }
   }
 
   [[nodiscard]] std::byte* host() const noexcept { return host_; }
   [[nodiscard]] std::byte* device() const noexcept { return device_; }
+
+  /// Host bytes a store of `bytes` occupies: rounded up to whole 2 MiB pages with
+  /// huge_pages, `bytes` otherwise.
+  static std::size_t mapped_size(host_memory kind, std::size_t bytes) noexcept
+  {
+    std::size_t const huge = std::size_t{2} << 20;
+    return kind == host_memory::huge_pages ? (bytes + huge - 1) / huge * huge : bytes;
+  }
   [[nodiscard]] numa_binding const& numa() const noexcept { return numa_; }
 
   /// PCI bus id of the current device ("" without one), for the NUMA choice.
@@ -194,6 +207,7 @@ class pinned_host_memory {
   void swap(pinned_host_memory& o) noexcept
   {
     std::swap(kind_, o.kind_);
+    std::swap(pages_, o.pages_);
     std::swap(host_, o.host_);
     std::swap(device_, o.device_);
     std::swap(mapped_bytes_, o.mapped_bytes_);
@@ -202,6 +216,7 @@ class pinned_host_memory {
   }
 
   host_memory kind_        = host_memory::pinned;
+  pinned_array<std::byte> pages_;  // host_memory::pinned: from the resource
   std::byte* host_         = nullptr;
   std::byte* device_       = nullptr;
   std::size_t mapped_bytes_ = 0;
@@ -223,25 +238,42 @@ class host_store {
    * @param max_requests  request indices the page tables hold
    * @param max_context   positions a request may reach
    * @param stream        stream on which the device page table is initialised
+   * @param resources     where the device page table and (host_memory::pinned) the pages
+   *                      come from; see `bytes_required`
    * @throws dhisparse::error on invalid arguments or failed allocation
    */
   host_store(host_store_config const& config, std::vector<int> const& group_layers,
-             std::size_t row_bytes, int max_requests, int max_context, cudaStream_t stream)
+             std::size_t row_bytes, int max_requests, int max_context, cudaStream_t stream,
+             memory_resources const& resources = {})
     : config_{config},
       row_bytes_{row_bytes},
       group_layers_{group_layers},
+      layouts_{make_layouts(config.tokens_per_page, group_layers, row_bytes, page_bytes_)},
       pages_{"host store", check(config, row_bytes, max_requests, max_context), max_requests,
-             config.tokens_per_page, max_context, stream}
+             config.tokens_per_page, max_context, detail::device_resource(resources), stream}
   {
-    std::size_t offset = 0;
-    for (int layers : group_layers) {
-      DHISPARSE_EXPECTS(layers > 0, "host_store: group_layers entries must be positive");
-      layouts_.push_back({offset, std::size_t(layers) * row_bytes});
-      offset += std::size_t(config.tokens_per_page) * layers * row_bytes;
-    }
-    page_bytes_ = offset;
     while ((1 << page_shift_) < config.tokens_per_page) { ++page_shift_; }
-    memory_ = detail::pinned_host_memory(config, page_bytes_ * config.capacity_pages);
+    memory_ = detail::pinned_host_memory(config, page_bytes_ * config.capacity_pages,
+                                         detail::pinned_resource(resources));
+  }
+
+  /**
+   * @brief Memory a store of this shape allocates: the device page table
+   *        `[max_requests][ceil(max_context / tokens_per_page)]` (fixed: `grow` only fills
+   *        it; the host-side page lists are ordinary heap memory) and the pages.
+   * @throws dhisparse::error on invalid arguments, as the constructor
+   */
+  static memory_footprint bytes_required(host_store_config const& config, std::vector<int> const& group_layers,
+                                         std::size_t row_bytes, int max_requests, int max_context)
+  {
+    check(config, row_bytes, max_requests, max_context);
+    std::size_t page_bytes = 0;
+    make_layouts(config.tokens_per_page, group_layers, row_bytes, page_bytes);
+    memory_footprint f{};
+    f.device_bytes = detail::page_table::device_bytes_for(max_requests, config.tokens_per_page, max_context);
+    f.host_store_bytes = detail::pinned_host_memory::mapped_size(config.memory, page_bytes * config.capacity_pages);
+    if (config.memory == host_memory::pinned) { f.pinned_bytes = f.host_store_bytes; }
+    return f;
   }
 
   host_store(host_store&&) noexcept            = default;
@@ -315,6 +347,21 @@ class host_store {
   }
 
  private:
+  /// Each group's place in a page; `page_bytes` receives the bytes of a page.
+  static std::vector<group_layout> make_layouts(int tokens_per_page, std::vector<int> const& group_layers,
+                                                std::size_t row_bytes, std::size_t& page_bytes)
+  {
+    std::vector<group_layout> layouts;
+    std::size_t offset = 0;
+    for (int layers : group_layers) {
+      DHISPARSE_EXPECTS(layers > 0, "host_store: group_layers entries must be positive");
+      layouts.push_back({offset, std::size_t(layers) * row_bytes});
+      offset += std::size_t(tokens_per_page) * layers * row_bytes;
+    }
+    page_bytes = offset;
+    return layouts;
+  }
+
   /// Validates the arguments; returns the page count.
   static std::size_t check(host_store_config const& config, std::size_t row_bytes, int max_requests,
                            int max_context)
@@ -334,8 +381,8 @@ class host_store {
   host_store_config config_{};
   std::size_t row_bytes_ = 0;
   std::vector<int> group_layers_;
+  std::size_t page_bytes_ = 0;  // before layouts_, which sets it
   std::vector<group_layout> layouts_;
-  std::size_t page_bytes_  = 0;
   std::int32_t page_shift_ = 0;
   detail::page_table pages_;
   detail::pinned_host_memory memory_;

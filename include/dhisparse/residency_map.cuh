@@ -25,6 +25,7 @@
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/memory_resource.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -76,16 +77,29 @@ class residency_map {
    * @param max_requests        request indices
    * @param max_context         positions a request may reach
    * @param stream              stream on which the pool and directory are initialised
+   * @param resources           where the pages and the directory come from (device)
    */
   residency_map(int num_groups, int positions_per_page, std::size_t num_pages, int max_requests,
-                int max_context, cudaStream_t stream)
+                int max_context, cudaStream_t stream, memory_resources const& resources = {})
     : num_groups_{num_groups},
       positions_per_page_{check(num_groups, positions_per_page)},
-      directory_{"residency map", num_pages, max_requests, positions_per_page, max_context, stream}
+      directory_{"residency map", num_pages, max_requests, positions_per_page, max_context,
+                 detail::device_resource(resources), stream}
   {
     while ((1 << page_shift_) < positions_per_page) { ++page_shift_; }
-    pages_ = detail::device_array<std::int32_t>(num_pages * num_groups * positions_per_page);
+    pages_ = detail::device_array<std::int32_t>(page_entries(num_groups, positions_per_page, num_pages),
+                                                detail::device_resource(resources), stream);
     pages_.fill_bytes(0xFF, stream);
+  }
+
+  /// Memory a map of this shape allocates (device only; see `memory_footprint`).
+  static memory_footprint bytes_required(int num_groups, int positions_per_page, std::size_t num_pages,
+                                         int max_requests, int max_context) noexcept
+  {
+    memory_footprint f{};
+    f.device_bytes = page_entries(num_groups, positions_per_page, num_pages) * sizeof(std::int32_t) +
+                     detail::page_table::device_bytes_for(max_requests, positions_per_page, max_context);
+    return f;
   }
 
   [[nodiscard]] std::size_t free_pages() const noexcept { return directory_.free_pages(); }
@@ -125,6 +139,10 @@ class residency_map {
   [[nodiscard]] std::size_t device_bytes() const noexcept { return pages_.bytes() + directory_.device_bytes(); }
 
  private:
+  static std::size_t page_entries(int num_groups, int positions_per_page, std::size_t num_pages) noexcept
+  {
+    return num_pages * std::size_t(num_groups) * std::size_t(positions_per_page);
+  }
   static int check(int num_groups, int positions_per_page)
   {
     DHISPARSE_EXPECTS(num_groups > 0, "residency_map: num_groups must be positive");

@@ -22,8 +22,10 @@
  */
 #pragma once
 
+#include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/memory_resource.cuh>
 #include <dhisparse/trace.hpp>
 
 #include <cuda_runtime_api.h>
@@ -84,8 +86,9 @@ class recorder {
    * @param s shapes of the steps to record; `max_queries` and `top_k` are those of the
    *        engine's selection buffers
    * @param ring_steps slots of the pinned staging ring (at least 1)
+   * @param pinned resource of the ring (nullptr: `cudaHostAlloc`)
    */
-  recorder(std::string path, trace::shape const& s, int ring_steps = 4)
+  recorder(std::string path, trace::shape const& s, int ring_steps = 4, pinned_memory_resource* pinned = nullptr)
     : writer_{std::move(path), s}, shape_{s}
   {
     DHISPARSE_EXPECTS(ring_steps >= 1, "recorder: ring_steps must be at least 1");
@@ -93,9 +96,8 @@ class recorder {
     entries_        = shape_.group_entries(shape_.max_requests) * std::size_t(shape_.groups);
     slot_bytes_     = entries_ * sizeof(std::int32_t) * (shape_.scores ? 2 : 1) +
                       std::size_t(shape_.max_requests) * sizeof(std::int32_t);
-    void* ring      = nullptr;
-    DHISPARSE_CUDA_TRY(cudaHostAlloc(&ring, slot_bytes_ * std::size_t(ring_steps), cudaHostAllocDefault));
-    ring_.reset(static_cast<std::byte*>(ring));
+    ring_ = dhisparse::detail::pinned_array<std::byte>(slot_bytes_ * std::size_t(ring_steps),
+                                                       pinned != nullptr ? *pinned : default_pinned_resource(), nullptr);
     slots_.resize(std::size_t(ring_steps));
     for (auto& slot : slots_) {
       cudaEvent_t event = nullptr;
@@ -149,7 +151,7 @@ class recorder {
 
     slot& s      = slots_[index];
     s.count      = step.count;
-    std::byte* base = ring_.get() + index * slot_bytes_;
+    std::byte* base = ring_.data() + index * slot_bytes_;
     for (int r = 0; r < step.count; ++r) {
       s.requests[r] = request_record{step.ids[r], step.lengths[r], step.queries[r], -1};
     }
@@ -223,9 +225,6 @@ class recorder {
     std::int32_t count = 0;
     std::vector<request_record> requests;  // [max_requests], host metadata of the step
   };
-  struct pinned_free {
-    void operator()(std::byte* p) const noexcept { cudaFreeHost(p); }
-  };
 
   std::size_t scores_offset() const noexcept { return entries_ * sizeof(std::int32_t); }
   std::size_t accepted_offset() const noexcept
@@ -296,7 +295,7 @@ class recorder {
 
   void write_slot(slot& s, std::size_t index)
   {
-    std::byte const* base = ring_.get() + index * slot_bytes_;
+    std::byte const* base = ring_.data() + index * slot_bytes_;
     if (shape_.accepted) {
       auto const* accepted = reinterpret_cast<std::int32_t const*>(base + accepted_offset());
       for (int r = 0; r < s.count; ++r) { s.requests[r].accepted = accepted[r]; }
@@ -342,7 +341,7 @@ class recorder {
   int device_              = 0;
   std::size_t entries_     = 0;  // int32 entries of one slot's positions
   std::size_t slot_bytes_  = 0;
-  std::unique_ptr<std::byte, pinned_free> ring_;
+  dhisparse::detail::pinned_array<std::byte> ring_;
   std::vector<slot> slots_;
 
   mutable std::mutex mutex_;

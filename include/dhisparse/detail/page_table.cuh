@@ -36,20 +36,29 @@ class page_table {
    * @param max_requests       request indices
    * @param positions_per_page positions one page covers
    * @param max_context        positions a request may reach
+   * @param device             resource of the device table (`device_bytes_for` bytes)
    */
   page_table(std::string name, std::size_t num_pages, int max_requests, int positions_per_page,
-             int max_context, cudaStream_t stream)
+             int max_context, device_memory_resource& device, cudaStream_t stream)
     : name_{std::move(name)},
       positions_per_page_{positions_per_page},
-      max_pages_per_request_{(max_context + positions_per_page - 1) / positions_per_page}
+      max_pages_per_request_{pages_per_request(positions_per_page, max_context)}
   {
     DHISPARSE_EXPECTS(num_pages > 0 && num_pages < (std::size_t{1} << 31),
                       name_ + ": the number of pages must be in [1, 2^31)");
     free_.reserve(num_pages);
     for (std::size_t p = num_pages; p-- > 0;) { free_.push_back(std::int32_t(p)); }  // 0 first
     lists_.resize(max_requests);
-    device_ = device_array<std::int32_t>(std::size_t(max_requests) * max_pages_per_request_);
+    device_ = device_array<std::int32_t>(std::size_t(max_requests) * max_pages_per_request_, device, stream);
     device_.fill_bytes(0xFF, stream);
+  }
+
+  /// Bytes of the device table of a page table of this shape (its only device or pinned
+  /// memory: the host-side page lists are ordinary heap memory).
+  static std::size_t device_bytes_for(int max_requests, int positions_per_page, int max_context) noexcept
+  {
+    return std::size_t(max_requests) * std::size_t(pages_per_request(positions_per_page, max_context)) *
+           sizeof(std::int32_t);
   }
 
   /// Pages not held by any request (the parked ones included).
@@ -149,6 +158,11 @@ class page_table {
       parked_pages_ -= pages.size();
       parked_.pop_front();
     }
+  }
+
+  static std::int32_t pages_per_request(int positions_per_page, int max_context) noexcept
+  {
+    return (max_context + positions_per_page - 1) / positions_per_page;
   }
 
   std::string name_;

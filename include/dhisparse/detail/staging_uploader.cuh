@@ -12,7 +12,9 @@
  */
 #pragma once
 
+#include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/error.cuh>
+#include <dhisparse/memory_resource.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -28,16 +30,19 @@ class staging_uploader {
  public:
   static constexpr std::size_t block_bytes = std::size_t{256} << 10;
   static constexpr int num_blocks          = 8;
+  /// Pinned bytes of the ring (its only allocation).
+  static constexpr std::size_t ring_bytes = block_bytes * num_blocks;
 
-  staging_uploader()
+  /// @param pinned resource of the ring (default: `cudaHostAlloc`)
+  explicit staging_uploader(pinned_memory_resource& pinned = default_pinned_resource())
+    : ring_{ring_bytes, pinned, nullptr}
   {
-    DHISPARSE_CUDA_TRY(cudaHostAlloc(&ring_, block_bytes * num_blocks, cudaHostAllocDefault));
     for (auto& e : events_) {
       DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
   }
   staging_uploader(staging_uploader&& o) noexcept
-    : ring_{std::exchange(o.ring_, nullptr)},
+    : ring_{std::move(o.ring_)},
       events_{std::exchange(o.events_, {})},
       pending_{o.pending_},
       block_{o.block_},
@@ -59,11 +64,9 @@ class staging_uploader {
   staging_uploader& operator=(staging_uploader const&) = delete;
   ~staging_uploader()
   {
-    if (ring_ == nullptr) { return; }
-    for (auto& e : events_) {
+    for (auto& e : events_) {  // the ring is returned once no copy reads it
       if (e) { cudaEventSynchronize(e); cudaEventDestroy(e); }
     }
-    cudaFreeHost(ring_);
   }
 
   /// Copies `bytes` from host `src` to device `dst`, ordered on `stream`.
@@ -77,7 +80,7 @@ class staging_uploader {
     while (bytes > 0) {
       if (offset_ == block_bytes) { next_block(); }
       std::size_t const n = std::min(bytes, block_bytes - offset_);
-      std::byte* stage    = ring_ + block_ * block_bytes + offset_;
+      std::byte* stage    = ring_.data() + block_ * block_bytes + offset_;
       std::memcpy(stage, s, n);
       DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d, stage, n, cudaMemcpyHostToDevice, stream));
       DHISPARSE_CUDA_TRY(cudaEventRecord(events_[block_], stream));
@@ -108,7 +111,7 @@ class staging_uploader {
     }
   }
 
-  std::byte* ring_ = nullptr;
+  pinned_array<std::byte> ring_;
   std::array<cudaEvent_t, num_blocks> events_{};
   std::array<bool, num_blocks> pending_{};
   int block_          = 0;
