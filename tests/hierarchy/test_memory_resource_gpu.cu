@@ -154,9 +154,15 @@ TEST_CASE("kv_hierarchy::bytes_required equals what construction takes; destruct
     auto c        = base_config({3}, 2, 1, 2 * 4096 + 64, 2 * 4096 / 32);
     c.host.memory = host_memory::huge_pages;
     check_footprint<row_format::opaque<64>, policy::lru, policy::resident_budget>(c, stream.s);
-    auto const f = kv_hierarchy<row_format::opaque<64>, policy::lru, policy::resident_budget>::bytes_required(c);
+    using hierarchy = kv_hierarchy<row_format::opaque<64>, policy::lru, policy::resident_budget>;
+    auto const f    = hierarchy::bytes_required(c);
     CHECK(f.host_store_bytes % (std::size_t{2} << 20) == 0);
-    CHECK(f.pinned_bytes < f.host_store_bytes);
+    // The same configuration with a pinned store takes exactly the store's pages more from
+    // the pinned resource: huge pages do not come from it.
+    auto pinned        = c;
+    pinned.host.memory = host_memory::pinned;
+    auto const p       = hierarchy::bytes_required(pinned);
+    CHECK(p.pinned_bytes - f.pinned_bytes == p.host_store_bytes);
   }
   SECTION("caller slabs and caller host memory: neither counted")
   {
