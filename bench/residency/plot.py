@@ -8,28 +8,18 @@ owned by requests and live requests, one line per budget policy, LRU).
 Needs matplotlib (Debian: apt-get install python3-matplotlib); without it the script
 says so and exits with status 3 without writing anything.
 """
-import json
+import os
 import sys
+
+# The command line, matplotlib and the JSON are handled as dhisparse-sim's plot does.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "sim"))
+from plot import load  # noqa: E402
 
 
 def main(argv):
-    if len(argv) != 3:
-        sys.stderr.write("usage: plot.py RESULTS.json OUT.png\n")
-        return 2
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.stderr.write(
-            "plot.py: matplotlib is not installed for %s "
-            "(Debian: apt-get install python3-matplotlib); no plot written\n" % sys.executable
-        )
-        return 3
-
-    with open(argv[1]) as f:
-        doc = json.load(f)
+    plt, doc = load(argv)
+    if plt is None:
+        return doc
     runs = [r for r in doc["records"] if r["scenario"] != "ramp_step" and r["status"] == "ok"]
     steps = [r for r in doc["records"] if r["scenario"] == "ramp_step"]
     if not runs:

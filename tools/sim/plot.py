@@ -12,10 +12,12 @@ import json
 import sys
 
 
-def main(argv):
+def load(argv):
+    """(pyplot, the JSON document of argv[1]), or (None, exit status) after saying why:
+    2 for a wrong command line, 3 without matplotlib. Shared with bench/residency/plot.py."""
     if len(argv) != 3:
         sys.stderr.write("usage: plot.py RESULTS.json OUT.png\n")
-        return 2
+        return None, 2
     try:
         import matplotlib
 
@@ -26,10 +28,15 @@ def main(argv):
             "plot.py: matplotlib is not installed for %s "
             "(Debian: apt-get install python3-matplotlib); no plot written\n" % sys.executable
         )
-        return 3
-
+        return None, 3
     with open(argv[1]) as f:
-        doc = json.load(f)
+        return plt, json.load(f)
+
+
+def main(argv):
+    plt, doc = load(argv)
+    if plt is None:
+        return doc
     records = [r for r in doc.get("records", []) if r.get("admitted", 0) > 0 and r.get("measured_steps", 0) > 0]
     if not records:
         sys.stderr.write("plot.py: %s has no completed runs to plot\n" % argv[1])
