@@ -20,7 +20,7 @@
 
 #include "fuzz_input.hpp"
 
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/host/verify.hpp>
 

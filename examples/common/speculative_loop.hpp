@@ -27,8 +27,8 @@
 
 #include "tiny_model.hpp"
 
-#include <dhisparse/detail/commit/verified_step.hpp>
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verified_step.hpp>
+#include <dhisparse/verify_params.hpp>
 #include <dhisparse/host/draft_ring.hpp>
 #include <dhisparse/host/hierarchy.hpp>
 #include <dhisparse/host/sparse_attention.hpp>

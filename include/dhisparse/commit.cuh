@@ -37,7 +37,7 @@
  */
 #pragma once
 
-#include <dhisparse/detail/commit/verified_step.hpp>
+#include <dhisparse/verified_step.hpp>
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/residency_map.cuh>

@@ -29,7 +29,7 @@
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/device_memory.cuh>
-#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/draft_ring_ref.hpp>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/memory_resource.cuh>

@@ -55,7 +55,7 @@
 #include <dhisparse/detail/hierarchy/step_kernels.cuh>
 #include <dhisparse/detail/nvtx.hpp>
 #include <dhisparse/detail/request_table.hpp>
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/error.cuh>
@@ -284,6 +284,34 @@ class kv_hierarchy {
   [[nodiscard]] std::byte* host_row(request_id id, int group, int layer, std::int64_t position) const
   {
     return host_.row(requests_.index_of(id, "host_row"), group, layer, position);
+  }
+
+  /**
+   * @brief The host-store rows of (id, group, layer) from position `first` to the end of
+   *        its page, as a strided view (`host_row_run`): fill a page per call.
+   * @throws dhisparse::error as `host_row`
+   */
+  [[nodiscard]] host_row_run host_rows(request_id id, int group, int layer, std::int64_t first) const
+  {
+    return host_.rows(requests_.index_of(id, "host_rows"), group, layer, first);
+  }
+
+  /**
+   * @brief Writes the rows of positions [first, first + count) of (id, group, layer) into
+   *        the host store from `source` — host or device memory, row k at
+   *        `source + k × source_stride` — with one asynchronous copy per host page, ordered
+   *        on `stream`: a bulk, direct-to-host admission (e.g. from an engine's prefill
+   *        output). The rows must be written before the first step that selects them.
+   * @throws dhisparse::error for an unknown id, positions beyond the request's capacity, a
+   *         bad group or layer, a null source or a stride below the row size (nothing
+   *         enqueued)
+   */
+  void write_host_rows(request_id id, int group, int layer, std::int64_t first, std::int64_t count,
+                       void const* source, std::size_t source_stride, cudaStream_t stream) const
+  {
+    DHISPARSE_NVTX_RANGE("dhisparse::write_host_rows");
+    host_.write_rows(requests_.index_of(id, "write_host_rows"), group, layer, first, count, source, source_stride,
+                     stream);
   }
 
   /// The budget floor of request `id` (slots per group it is guaranteed).

@@ -48,6 +48,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -62,6 +63,14 @@ namespace dhisparse {
 struct group_layout {
   std::size_t page_offset;  ///< byte offset of the group's block inside a page
   std::size_t row_bytes;    ///< bytes of one group row: layers × row format bytes
+};
+
+/// Consecutive positions of one (request, group, layer) inside one host page: row k is at
+/// `first + k × stride` for k < `count` (the positions up to the page's end).
+struct host_row_run {
+  std::byte* first;    ///< host address of the first row
+  std::size_t stride;  ///< bytes between two positions' rows (the group row: layers × row bytes)
+  std::int64_t count;  ///< rows in this run
 };
 
 /**
@@ -332,6 +341,48 @@ class host_store {
     std::size_t const in_page = std::size_t(position) & (config_.tokens_per_page - 1);
     return memory_.host() + page * page_bytes_ + layouts_[group].page_offset +
            in_page * layouts_[group].row_bytes + std::size_t(layer) * row_bytes_;
+  }
+
+  /**
+   * @brief The rows of (request, group, layer) from position `first` to the end of its
+   *        page, as a strided view: a page of positions per call instead of one row.
+   * @throws dhisparse::error as `row`
+   */
+  [[nodiscard]] host_row_run rows(int request, int group, int layer, std::int64_t first) const
+  {
+    std::byte* const at         = row(request, group, layer, first);
+    std::int64_t const page_end = (first | (config_.tokens_per_page - 1)) + 1;
+    return {at, layouts_[group].row_bytes, std::min(page_end, capacity(request)) - first};
+  }
+
+  /**
+   * @brief Copies the rows of positions [first, first + count) of (request, group, layer)
+   *        from `source` (host or device memory; row k at `source + k × source_stride`),
+   *        one `cudaMemcpy2DAsync` per host page, ordered on `stream`. Pageable host
+   *        sources are copied before this returns; pinned or device sources must stay
+   *        valid until the stream reaches the copies.
+   * @throws dhisparse::error for positions not backed by pages, a bad group or layer, a
+   *         null source or a stride below the row size (nothing enqueued)
+   */
+  void write_rows(int request, int group, int layer, std::int64_t first, std::int64_t count, void const* source,
+                  std::size_t source_stride, cudaStream_t stream) const
+  {
+    DHISPARSE_EXPECTS(first >= 0 && count >= 0 && first + count <= capacity(request),
+                      "host_store::write_rows: positions [" + std::to_string(first) + ", " +
+                        std::to_string(first + count) + ") are not all backed by pages (capacity " +
+                        std::to_string(capacity(request)) + ")");
+    DHISPARSE_EXPECTS(count == 0 || (source != nullptr && source_stride >= row_bytes_),
+                      "host_store::write_rows: source must not be null and source_stride must be at least the "
+                      "row size (" + std::to_string(row_bytes_) + " bytes)");
+    auto const* from = static_cast<std::byte const*>(source);
+    for (std::int64_t at = first; at < first + count;) {
+      host_row_run const run   = rows(request, group, layer, at);
+      std::int64_t const rows_ = std::min(run.count, first + count - at);
+      DHISPARSE_CUDA_TRY(cudaMemcpy2DAsync(run.first, run.stride, from + std::size_t(at - first) * source_stride,
+                                           source_stride, row_bytes_, std::size_t(rows_), cudaMemcpyDefault,
+                                           stream));
+      at += rows_;
+    }
   }
 
   /// NUMA placement of the store's pages (see the file comment).

@@ -108,5 +108,4 @@ cudaError_t retrieve_async(retrieve_params const& params, plan_order_params cons
 
 }  // namespace dhisparse
 
-#include <dhisparse/detail/retrieve/kernels.cuh>
-#include <dhisparse/detail/retrieve/order.cuh>
+#include <dhisparse/detail/retrieve/kernels.cuh>  // and, at its bottom, detail/retrieve/order.cuh

@@ -37,7 +37,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/error.cuh>
 #include <dhisparse/row_format.cuh>
 

@@ -34,7 +34,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.cuh>
 
 #include <cuda_runtime_api.h>

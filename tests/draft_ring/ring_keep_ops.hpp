@@ -8,7 +8,7 @@
 
 #include "ring_ops.hpp"  // tag_row
 
-#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/draft_ring_ref.hpp>
 
 #include <catch2/catch.hpp>
 

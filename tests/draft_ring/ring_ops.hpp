@@ -5,7 +5,7 @@
  */
 #pragma once
 
-#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/draft_ring_ref.hpp>
 
 #include <algorithm>
 #include <cstddef>

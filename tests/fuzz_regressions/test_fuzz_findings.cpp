@@ -6,7 +6,7 @@
 // open now: F2, F5 and F9 follow the step contract of docs/integration.md.
 #include <catch2/catch.hpp>
 
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/host/hierarchy.hpp>

@@ -324,3 +324,74 @@ TEST_CASE("residency map memory stays under 1% of the KV it indexes", "[hierarch
   INFO("map bytes " << map.device_bytes() << " for " << kv << " bytes of KV");
   REQUIRE(double(map.device_bytes()) <= 0.01 * kv);
 }
+
+TEST_CASE("bulk host rows: page runs and asynchronous writes from device and host memory", "[hierarchy][gpu]")
+{
+  using row                = row_format::mla_fp8_656;
+  using gpu_type           = twin<row>::gpu_type;
+  auto rng                 = test::seeded_engine("hierarchy gpu bulk host rows");
+  stream_guard stream;
+  auto const config = twin_config(1, host_memory::pinned);
+  gpu_type h(config, stream.s);
+  request_id const id{3};
+  std::int32_t const length = 500 + std::int32_t(rng() % 3000);
+  h.admit(id, length, stream.s);
+  std::int64_t const page = config.host.tokens_per_page;
+
+  // A run ends at its page's end (or the request's capacity) and steps by the group row.
+  for (int g = 0; g < config.num_groups(); ++g) {
+    std::int64_t const first = std::int64_t(rng() % std::uint64_t(length));
+    host_row_run const run   = h.host_rows(id, g, 0, first);
+    REQUIRE(run.first == h.host_row(id, g, 0, first));
+    REQUIRE(run.stride == std::size_t(config.group_layers[g]) * row::bytes);
+    std::int64_t const capacity = h.store().capacity(h.request_index(id));
+    REQUIRE(run.count == std::min((first / page + 1) * page, capacity) - first);
+    REQUIRE(run.first + std::size_t(run.count - 1) * run.stride == h.host_row(id, g, 0, first + run.count - 1));
+  }
+
+  // Writes from device memory and from host memory, across page boundaries, with a stride
+  // larger than a row; every other row keeps its poison.
+  for (int g = 0; g < config.num_groups(); ++g) {
+    for (int l = 0; l < config.group_layers[g]; ++l) {
+      for (std::int64_t pos = 0; pos < length; ++pos) { std::memset(h.host_row(id, g, l, pos), 0xEE, row::bytes); }
+    }
+  }
+  std::size_t const stride = row::bytes + 32;
+  for (int g = 0; g < config.num_groups(); ++g) {
+    for (int l = 0; l < config.group_layers[g]; ++l) {
+      std::int64_t const first = std::int64_t(rng() % std::uint64_t(length / 2));
+      std::int64_t const count = 1 + std::int64_t(rng() % std::uint64_t(length - first));
+      std::vector<std::byte> source(std::size_t(count) * stride);
+      for (auto& b : source) { b = std::byte(rng()); }
+      bool const from_device = ((g + l) & 1) == 0;
+      detail::device_array<std::byte> device_source(from_device ? source.size() : 0);
+      if (from_device) {
+        DHISPARSE_CUDA_TRY(cudaMemcpy(device_source.data(), source.data(), source.size(), cudaMemcpyHostToDevice));
+      }
+      h.write_host_rows(id, g, l, first, count, from_device ? static_cast<void const*>(device_source.data())
+                                                            : static_cast<void const*>(source.data()),
+                        stride, stream.s);
+      DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream.s));
+      std::vector<std::byte> const poison(row::bytes, std::byte{0xEE});
+      for (std::int64_t pos = 0; pos < length; ++pos) {
+        bool const written = pos >= first && pos < first + count;
+        std::byte const* want = written ? source.data() + std::size_t(pos - first) * stride : poison.data();
+        INFO("group " << g << " layer " << l << " position " << pos << (from_device ? " (device source)" : ""));
+        REQUIRE(std::memcmp(h.host_row(id, g, l, pos), want, row::bytes) == 0);
+      }
+    }
+  }
+
+  // Bad writes throw before anything is enqueued.
+  std::vector<std::byte> source(std::size_t(length) * row::bytes);
+  std::int64_t const cap = h.store().capacity(h.request_index(id));
+  CHECK_THROWS_WITH(h.write_host_rows(request_id{77}, 0, 0, 0, 1, source.data(), row::bytes, stream.s),
+                    Catch::Contains("write_host_rows"));
+  CHECK_THROWS_WITH(h.write_host_rows(id, 0, 0, cap - 1, 2, source.data(), row::bytes, stream.s),
+                    Catch::Contains("not all backed by pages"));
+  CHECK_THROWS_WITH(h.write_host_rows(id, 0, 0, 0, 2, nullptr, row::bytes, stream.s), Catch::Contains("null"));
+  CHECK_THROWS_WITH(h.write_host_rows(id, 0, 0, 0, 2, source.data(), row::bytes - 16, stream.s),
+                    Catch::Contains("row size"));
+  CHECK_THROWS_WITH(h.write_host_rows(id, 0, 7, 0, 2, source.data(), row::bytes, stream.s),
+                    Catch::Contains("layer"));
+}

@@ -362,3 +362,55 @@ TEST_CASE("host reference: bad inputs give clear errors and corrupt nothing", "[
   REQUIRE(h.tail_slots(0)[0] == -1);
   REQUIRE(h.slot_table(0)[0] >= 0);
 }
+
+TEST_CASE("host reference: bulk host-row writes equal row-by-row writes; bad ones change nothing",
+          "[hierarchy][host]")
+{
+  auto rng  = test::seeded_engine("host reference bulk rows");
+  auto cfg  = small_config();
+  ref_lru bulk(cfg), single(cfg);
+  request_id const id{7};
+  std::int32_t const length = 1000 + std::int32_t(rng() % 2000);
+  bulk.admit(id, length);
+  single.admit(id, length);
+  // A source with a stride larger than a row (as an engine's [tokens][layers][row] buffer).
+  std::size_t const stride = fp8::bytes + 16 * std::size_t(rng() % 4);
+  for (int g = 0; g < cfg.num_groups(); ++g) {
+    for (int l = 0; l < cfg.group_layers[g]; ++l) {
+      std::int64_t const first = std::int64_t(rng() % std::uint64_t(length / 2));
+      std::int64_t const count = 1 + std::int64_t(rng() % std::uint64_t(length - first));
+      std::vector<std::byte> source(std::size_t(count) * stride);
+      for (auto& b : source) { b = std::byte(rng()); }
+      bulk.write_host_rows(id, g, l, first, count, source.data(), stride);
+      for (std::int64_t k = 0; k < count; ++k) {
+        std::memcpy(single.host_row(id, g, l, first + k), source.data() + std::size_t(k) * stride, fp8::bytes);
+      }
+      for (std::int64_t p = 0; p < length; ++p) {
+        REQUIRE(std::memcmp(bulk.host_row(id, g, l, p), single.host_row(id, g, l, p), fp8::bytes) == 0);
+      }
+    }
+  }
+  // Bad calls throw and write nothing.
+  std::vector<std::byte> before(std::size_t(length) * fp8::bytes);
+  for (std::int64_t p = 0; p < length; ++p) {
+    std::memcpy(before.data() + std::size_t(p) * fp8::bytes, bulk.host_row(id, 0, 0, p), fp8::bytes);
+  }
+  std::vector<std::byte> source(std::size_t(length + 64) * fp8::bytes, std::byte{0x5A});
+  // The default capacity (length + max_queries) in whole host pages.
+  std::int64_t const page = cfg.host.tokens_per_page;
+  std::int64_t const cap  = (std::int64_t(length) + cfg.max_queries + page - 1) / page * page;
+  CHECK_THROWS_WITH(bulk.write_host_rows(request_id{99}, 0, 0, 0, 1, source.data(), fp8::bytes),
+                    Catch::Contains("write_host_rows"));
+  CHECK_THROWS_WITH(bulk.write_host_rows(id, 0, 0, cap - 1, 2, source.data(), fp8::bytes),
+                    Catch::Contains("not all backed by pages"));
+  CHECK_THROWS_WITH(bulk.write_host_rows(id, 0, 0, -1, 2, source.data(), fp8::bytes),
+                    Catch::Contains("not all backed by pages"));
+  CHECK_THROWS_WITH(bulk.write_host_rows(id, 0, 0, 0, 2, nullptr, fp8::bytes), Catch::Contains("null"));
+  CHECK_THROWS_WITH(bulk.write_host_rows(id, 0, 0, 0, 2, source.data(), fp8::bytes - 16),
+                    Catch::Contains("row size"));
+  CHECK_THROWS_WITH(bulk.write_host_rows(id, 0, 5, 0, 2, source.data(), fp8::bytes), Catch::Contains("layer"));
+  CHECK_THROWS_WITH(bulk.write_host_rows(id, 9, 0, 0, 2, source.data(), fp8::bytes), Catch::Contains("group"));
+  for (std::int64_t p = 0; p < length; ++p) {
+    REQUIRE(std::memcmp(before.data() + std::size_t(p) * fp8::bytes, bulk.host_row(id, 0, 0, p), fp8::bytes) == 0);
+  }
+}

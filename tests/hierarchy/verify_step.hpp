@@ -8,7 +8,7 @@
  */
 #pragma once
 
-#include <dhisparse/detail/commit/verified_step.hpp>
+#include <dhisparse/verified_step.hpp>
 #include <dhisparse/status.hpp>
 
 #include <algorithm>

@@ -8,7 +8,7 @@
  */
 #pragma once
 
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/host/row_format.hpp>
 #include <dhisparse/row_format.cuh>
 

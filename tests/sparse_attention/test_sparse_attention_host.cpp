@@ -1,6 +1,6 @@
 // Host reference of sparse attention (host/sparse_attention.hpp) and argument checks
 // (sparse_attention::check / validate), compiled without CUDA.
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/host/row_format.hpp>
 #include <dhisparse/host/sparse_attention.hpp>

@@ -6,7 +6,7 @@
  */
 #pragma once
 
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verify_params.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
  */
 #pragma once
 
-#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/draft_ring_ref.hpp>
 #include <dhisparse/error.hpp>
 
 #include <algorithm>

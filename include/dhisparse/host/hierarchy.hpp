@@ -19,7 +19,7 @@
 #pragma once
 
 #include <dhisparse/detail/budget_ledger.hpp>
-#include <dhisparse/detail/commit/verified_step.hpp>
+#include <dhisparse/verified_step.hpp>
 #include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/group_counters.hpp>
@@ -169,6 +169,24 @@ class kv_hierarchy {
     DHISPARSE_EXPECTS(position >= 0 && position < requests_[index].capacity,
                       "host_row: position " + std::to_string(position) + " is not backed by a page");
     return store_row(index, group, std::int32_t(position)) + std::size_t(layer) * RowFormat::bytes;
+  }
+
+  /// Reference of `kv_hierarchy::write_host_rows` (synchronous; `source` in host memory).
+  void write_host_rows(request_id id, int group, int layer, std::int64_t first, std::int64_t count,
+                       void const* source, std::size_t source_stride)
+  {
+    int const index = table_.index_of(id, "write_host_rows");
+    table_.check_layer(group, layer, "write_host_rows");
+    DHISPARSE_EXPECTS(first >= 0 && count >= 0 && first + count <= requests_[index].capacity,
+                      "write_host_rows: positions [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                        ") are not all backed by pages (capacity " + std::to_string(requests_[index].capacity) + ")");
+    DHISPARSE_EXPECTS(count == 0 || (source != nullptr && source_stride >= RowFormat::bytes),
+                      "write_host_rows: source must not be null and source_stride must be at least the row size (" +
+                        std::to_string(RowFormat::bytes) + " bytes)");
+    auto const* from = static_cast<std::byte const*>(source);
+    for (std::int64_t k = 0; k < count; ++k) {
+      std::memcpy(host_row(id, group, layer, first + k), from + std::size_t(k) * source_stride, RowFormat::bytes);
+    }
   }
 
   // ---- pool memory ----------------------------------------------------------------------

@@ -12,7 +12,7 @@
 
 #include <dhisparse/detail/philox.hpp>
 #include <dhisparse/detail/verify/fixed_point.hpp>
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.hpp>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <dhisparse/backup.cuh>  // this file is included at its bottom
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/warp_copy.cuh>
 #include <dhisparse/error.cuh>

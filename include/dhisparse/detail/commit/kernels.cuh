@@ -11,6 +11,7 @@
  */
 #pragma once
 
+#include <dhisparse/commit.cuh>  // this file is included at its bottom
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/draft_ring/kernels.cuh>
 #include <dhisparse/error.cuh>

@@ -9,7 +9,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
-#include <dhisparse/detail/draft_ring/ref.hpp>
+#include <dhisparse/draft_ring_ref.hpp>
 
 #include <cuda_runtime_api.h>
 

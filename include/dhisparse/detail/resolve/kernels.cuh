@@ -21,6 +21,19 @@
 #include <cstdint>
 
 namespace dhisparse {
+namespace detail::resolve {
+// Defined in lookup.cuh and allocate.cuh; declared here too, because a translation unit
+// that starts with one of them reaches this launcher (through resolve.cuh) first.
+DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries);
+template <class Eviction, class Budget, int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, workspace_view w);
+template <class Eviction, class Budget, int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block) allocate_kernel(resolve_params p, workspace_view w);
+template <int Block>
+DHISPARSE_KERNEL void __launch_bounds__(Block, retrieve::blocks_per_sm)
+  fetch_kernel(retrieve_params p, std::int32_t const* batch_size);
+}  // namespace detail::resolve
+
 inline std::size_t resolve_workspace_size(int max_batch, int max_queries, int top_k, int max_context)
 {
   std::size_t bytes = 0;

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <dhisparse/retrieve.cuh>  // this file is included at its bottom
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/dependent_launch.cuh>
 #include <dhisparse/detail/device_info.cuh>
@@ -114,3 +115,6 @@ inline cudaError_t retrieve_async(retrieve_params const& params, int blocks, cud
 }
 
 }  // namespace dhisparse
+
+// The plan order's launcher uses the checks above.
+#include <dhisparse/detail/retrieve/order.cuh>

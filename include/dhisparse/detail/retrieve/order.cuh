@@ -19,6 +19,8 @@
  */
 #pragma once
 
+#include <dhisparse/retrieve.cuh>  // which includes this file (at the bottom of detail/retrieve/kernels.cuh)
+#include <dhisparse/detail/retrieve/kernels.cuh>
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/dependent_launch.cuh>
 #include <dhisparse/detail/device_info.cuh>

@@ -7,7 +7,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -5,12 +5,13 @@
  */
 #pragma once
 
+#include <dhisparse/sparse_attention.cuh>  // this file is included at its bottom
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/sparse_attention/combine_kernel.cuh>
 #include <dhisparse/detail/sparse_attention/kernel_common.cuh>
 #include <dhisparse/detail/sparse_attention/mha_kernel.cuh>
 #include <dhisparse/detail/sparse_attention/mla_kernel.cuh>
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/error.cuh>
 
 #include <cuda_runtime_api.h>

@@ -17,7 +17,7 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/sparse_attention/kernel_common.cuh>
 #include <dhisparse/detail/sparse_attention/mma.cuh>
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -39,7 +39,7 @@
 #include <dhisparse/detail/sparse_attention/cluster.cuh>
 #include <dhisparse/detail/sparse_attention/kernel_common.cuh>
 #include <dhisparse/detail/sparse_attention/mma.cuh>
-#include <dhisparse/detail/sparse_attention/params.hpp>
+#include <dhisparse/sparse_attention_params.hpp>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

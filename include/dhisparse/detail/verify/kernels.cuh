@@ -16,7 +16,7 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/philox.hpp>
 #include <dhisparse/detail/verify/fixed_point.hpp>
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.cuh>
 
 #include <cuda_runtime_api.h>

@@ -1,5 +1,5 @@
 /**
- * @file detail/commit/verified_step.hpp
+ * @file verified_step.hpp
  * @brief What `kv_hierarchy::commit_verified` (and its host reference) reads of a
  *        verification: verify's outputs, unchanged, plus an optional draft ring to keep in
  *        step. Plain C++, so that the host reference can use it; the type is public
@@ -7,8 +7,8 @@
  */
 #pragma once
 
-#include <dhisparse/detail/draft_ring/ref.hpp>
-#include <dhisparse/detail/verify/params.hpp>
+#include <dhisparse/draft_ring_ref.hpp>
+#include <dhisparse/verify_params.hpp>
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 /**
- * @file detail/verify/params.hpp
+ * @file verify_params.hpp
  * @brief The arguments of speculative verification, its status flags and its argument
  *        checks: shared by the CUDA kernels (`dhisparse/verify.cuh`) and the host
  *        reference (`dhisparse/host/verify.hpp`), so it is plain C++.

@@ -1,5 +1,5 @@
 /**
- * @file detail/sparse_attention/params.hpp
+ * @file sparse_attention_params.hpp
  * @brief Arguments of sparse attention over slot tables, shared by the CUDA kernels
  *        (`dhisparse/sparse_attention.cuh`) and the host reference
  *        (`dhisparse/host/sparse_attention.hpp`). Plain C++: no CUDA needed to include it.

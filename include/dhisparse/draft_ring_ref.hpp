@@ -1,5 +1,5 @@
 /**
- * @file detail/draft_ring/ref.hpp
+ * @file draft_ring_ref.hpp
  * @brief The view of a draft ring and its status bits, shared by the CUDA kernels
  *        (`dhisparse/draft_ring.cuh`) and the host reference (`dhisparse/host/draft_ring.hpp`),
  *        so it is plain C++. The types are public (namespace `dhisparse`).
