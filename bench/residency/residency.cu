@@ -176,13 +176,7 @@ sim::memory_workload gpu_drift_workload(bench::drift_config const& c, int steps)
   cudaStream_t stream = nullptr;
   DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   bench::drift_generator_gpu gen(c, steps, stream);
-  trace::shape s;
-  s.groups       = 1;
-  s.max_requests = c.requests;
-  s.max_queries  = c.queries;
-  s.top_k        = c.top_k;
-  s.scores       = true;
-  s.accepted     = false;
+  trace::shape const s = sim::drift_shape(c, true, false);
   std::size_t const entries = s.group_entries(c.requests);
   dhisparse::detail::device_array<std::int32_t> selections(entries);
   dhisparse::detail::device_array<float> scores(entries);

@@ -67,6 +67,19 @@ class memory_workload : public workload {
   std::size_t next_ = 0;
 };
 
+/// The trace shape of the drift workload of `c`: one group, its requests, queries and K.
+inline trace::shape drift_shape(bench::drift_config const& c, bool scores, bool accepted)
+{
+  trace::shape s;
+  s.groups       = 1;
+  s.max_requests = c.requests;
+  s.max_queries  = c.queries;
+  s.top_k        = c.top_k;
+  s.scores       = scores;
+  s.accepted     = accepted;
+  return s;
+}
+
 /**
  * @brief `steps` steps of the drift workload (bench/common/drift.hpp) with the requests of
  *        `c`: request b has id b + 1. With `scores`, each entry carries its q·k (the
@@ -81,13 +94,7 @@ inline memory_workload make_drift_workload(bench::drift_config const& c, int ste
   DHISPARSE_EXPECTS(accept >= 0.0 && accept <= 1.0, "make_drift_workload: accept must be a probability");
   bench::drift_generator gen(c);
   bench::drift_random coin(c.seed, ~std::uint64_t{0});  // a stream no request uses
-  trace::shape s;
-  s.groups       = 1;
-  s.max_requests = c.requests;
-  s.max_queries  = c.queries;
-  s.top_k        = c.top_k;
-  s.scores       = scores;
-  s.accepted     = accept < 1.0;
+  trace::shape const s = drift_shape(c, scores, accept < 1.0);
   std::size_t const entries = s.group_entries(c.requests);
   std::vector<trace::step_record> out(std::size_t(std::max(steps, 0)));
   std::vector<std::int32_t> accepted(std::size_t(c.requests));
