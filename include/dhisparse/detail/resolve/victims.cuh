@@ -240,6 +240,11 @@ struct victim_storage {
   std::uint64_t kmin, kmax;
   int count, cut, taken;
   std::int32_t max_position;
+  // The cache walk's loop control, read by thread 0 and published to the block, so that
+  // every thread leaves the loops together.
+  int rounds, cache_count, cache_head, stop;
+  std::uint64_t after_key;
+  std::int32_t after_pos;
 };
 
 /**
@@ -398,9 +403,14 @@ DHISPARSE_DEVICE int walk_cache(device_pool_ref const& pool, std::int32_t r, std
 {
   victim_cache_ref const& cache = pool.cache;
   std::int64_t const base       = std::int64_t(r) * cache.capacity;
-  int const count               = cache.count[r];
-  int at                        = cache.head[r];
-  int kept                      = 0;  // blocked entries, buffered in s.key/slot/position
+  if (threadIdx.x == 0) {
+    s.cache_count = cache.count[r];
+    s.cache_head  = cache.head[r];
+  }
+  __syncthreads();
+  int const count = s.cache_count;
+  int at          = s.cache_head;
+  int kept        = 0;  // blocked entries, buffered in s.key/slot/position
   bool overflow                 = false;
   while (found < need && at < count) {
     int const e       = at + int(threadIdx.x);
@@ -477,16 +487,28 @@ DHISPARSE_DEVICE int smallest_key_victims(device_pool_ref const& pool, std::int3
   bool deep                     = false;
   std::uint64_t after_key       = 0;
   std::int32_t after_pos        = 0;
-  int const rounds              = pool.owned_count[r] / cache.capacity + 2;
+  if (threadIdx.x == 0) {
+    s.rounds = pool.owned_count[r] / cache.capacity + 2;
+    s.stop   = (cache.flags[r] & 1u) == 0 ? 2 : 0;  // 2: rescan first
+  }
+  __syncthreads();
+  int const rounds = s.rounds;
   for (int round = 0; round < rounds && found < need; ++round) {
-    if ((cache.flags[r] & 1u) == 0 || deep) { rescan<Eviction, Block>(pool, r, deep, after_key, after_pos, s); }
+    if (s.stop == 2 || deep) { rescan<Eviction, Block>(pool, r, deep, after_key, after_pos, s); }
     bool exhausted = false;
     found          = walk_cache<Eviction, Block>(pool, r, epoch, need, found, victims, exhausted, s);
-    if (!exhausted || (cache.flags[r] & 2u) != 0) { break; }
-    int const last = cache.count[r] - 1;
-    if (last < 0) { break; }
-    after_key = cache.key[std::int64_t(r) * cache.capacity + last];
-    after_pos = cache.position[std::int64_t(r) * cache.capacity + last];
+    if (threadIdx.x == 0) {
+      int const last = cache.count[r] - 1;
+      s.stop         = !exhausted || (cache.flags[r] & 2u) != 0 || last < 0;
+      if (!s.stop) {
+        s.after_key = cache.key[std::int64_t(r) * cache.capacity + last];
+        s.after_pos = cache.position[std::int64_t(r) * cache.capacity + last];
+      }
+    }
+    __syncthreads();
+    if (s.stop) { break; }
+    after_key = s.after_key;
+    after_pos = s.after_pos;
     deep      = true;
     __syncthreads();
   }
