@@ -217,6 +217,9 @@ class draft_ring {
     if (rows == nullptr && capacity > 0) {
       owned_rows_ = detail::device_array<std::byte>(rows_bytes(capacity, window, layers, row_bytes), device, nullptr);
       ref_.data   = owned_rows_.data();
+      // Rows not yet drafted read as zeros (a copy of the whole ring then copies no
+      // uninitialized memory; compute-sanitizer initcheck finding F16).
+      DHISPARSE_CUDA_TRY(cudaMemset(owned_rows_.data(), 0, owned_rows_.bytes()));
     }
     ref_.end    = reinterpret_cast<std::int64_t*>(meta_.data());
     ref_.length = reinterpret_cast<std::int32_t*>(ref_.end + capacity);

@@ -81,6 +81,29 @@ void fill_host_rows(H& h, request_id id, int length, std::mt19937_64& rng)
   }
 }
 
+/// The model's part of a step: every tail row of every layer gets a value (a byte of its
+/// slot), as the engine writes them before `commit`. Synchronizes `stream`.
+template <class H>
+void write_tail_rows(H const& h, cudaStream_t stream)
+{
+  auto const& c  = h.config();
+  std::size_t n  = std::size_t(c.max_batch) * c.max_queries;
+  std::vector<std::int32_t> slots(n);
+  for (int g = 0; g < c.num_groups(); ++g) {
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(slots.data(), h.tail_slots(g), n * sizeof(std::int32_t),
+                                       cudaMemcpyDeviceToHost, stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    for (int l = 0; l < c.group_layers[g]; ++l) {
+      auto const rows = h.layer_rows(g, l);
+      for (std::int32_t slot : slots) {
+        if (slot < 0) { continue; }
+        DHISPARSE_CUDA_TRY(cudaMemsetAsync(rows.rows + std::size_t(slot) * rows.stride, 1 + slot % 251, row::bytes,
+                                           stream));
+      }
+    }
+  }
+}
+
 /// Per query (b, q < Q_b): `top_k` distinct committed positions (or -1 holes), shuffled.
 std::vector<std::int32_t> make_selections(hierarchy_config const& c, std::vector<int> const& lengths,
                                           std::vector<int> const& queries, int top_k, std::mt19937_64& rng)
@@ -408,6 +431,7 @@ TEMPLATE_TEST_CASE("release_async has the effect of kv_hierarchy::release, mid-s
         if (step == 0) { h.retrieve(g, stream.s); }
       }
       if (step == 0) {
+        write_tail_rows(h, stream.s);
         h.commit(nullptr, stream.s);
         for (std::size_t i = 0; i < grown.size(); ++i) { grown[i] += queries[i]; }
       }
@@ -468,6 +492,7 @@ TEMPLATE_TEST_CASE("release_async has the effect of kv_hierarchy::release, mid-s
     }
     // The others' step goes on.
     for (int g = 0; g < c.num_groups(); ++g) { h.retrieve(g, stream.s); }
+    write_tail_rows(h, stream.s);
     h.commit(nullptr, stream.s);
     h.backup(stream.s);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream.s));
@@ -522,6 +547,7 @@ TEST_CASE("counters: read on the engine's monitor stream behind an event, the st
     h.resolve(g, d_sel.data(), top_k, step.s);
     h.retrieve(g, step.s);
   }
+  write_tail_rows(h, step.s);  // before the events: the step stream is then never synchronized
   h.commit(nullptr, step.s);
   h.backup(step.s);
   cudaEvent_t after_step{}, copied{};
