@@ -23,6 +23,8 @@
 #                                           (default: test_peers_gpu, its fault scenarios):
 #                                           their "cudaErrorMemoryAllocation" API errors are
 #                                           counted apart, not as errors
+#   SANITIZE_FIRST=regex                    runs whose "tool test" matches start first (the
+#                                           long ones, so that they end before the others)
 #   SANITIZE_RUN_S=N                        time limit of one run (default: 300)
 #   SANITIZE_DEADLINE_S=N                   start no run after N seconds (default: 540,
 #                                           so that one 600 s device call ends with the summary)
@@ -129,6 +131,16 @@ for line in "${tests[@]}"; do
     fi
   done
 done
+
+# The runs SANITIZE_FIRST names go first.
+if [ -n "${SANITIZE_FIRST:-}" ]; then
+  first=() rest=()
+  for run in "${runs[@]}"; do
+    IFS=$'\t' read -r -a field <<<"$run"
+    if [[ "${field[0]} ${field[2]}" =~ $SANITIZE_FIRST ]]; then first+=("$run"); else rest+=("$run"); fi
+  done
+  runs=("${first[@]}" "${rest[@]}")
+fi
 
 # At most $jobs runs at a time; none starts after the deadline.
 for run in "${runs[@]}"; do
