@@ -232,6 +232,41 @@ class kv_hierarchy {
   }
 
   /**
+   * @brief Admits a request whose committed rows already lie in pages of the host store —
+   *        an engine's host KV pool given as the store (`host_memory::caller`, its layout in
+   *        `host_store_config::page_bytes` / `groups`) — and uses them where they are:
+   *        positions [k P, (k + 1) P) are in page `pages[k]` (P = tokens_per_page). The
+   *        pages must be free in the store (the engine's pool is the store's: pages it
+   *        fills for a request it hands over here, and gets back as free pages with
+   *        `release`). Capacity beyond them is backed with free pages as `admit` does.
+   * @param pages     page indices of the store, host memory, at least ceil(length / P)
+   * @param capacity  as `admit`; at least what the pages cover up to max_context
+   * @throws dhisparse::error as `admit`, and for too few pages, a page outside the store,
+   *         repeated, held by a request or released but not yet free — nothing is changed
+   */
+  void adopt(request_id id, std::int32_t length, std::int32_t const* pages, std::size_t num_pages,
+             cudaStream_t stream, std::int64_t capacity = -1)
+  {
+    DHISPARSE_NVTX_RANGE("dhisparse::adopt");
+    int const index        = requests_.check_admit(id, length, capacity);
+    std::int64_t const tpp = config_.host.tokens_per_page;
+    DHISPARSE_EXPECTS(pages != nullptr || num_pages == 0, "adopt: pages is null");
+    DHISPARSE_EXPECTS(std::int64_t(num_pages) * tpp >= length,
+                      "adopt: " + std::to_string(num_pages) + " pages cover " + std::to_string(num_pages * tpp) +
+                        " positions, fewer than length (" + std::to_string(length) + ")");
+    capacity = std::max(capacity, std::min<std::int64_t>(std::int64_t(num_pages) * tpp, config_.max_context));
+    std::size_t const more = std::max<std::int64_t>(0, (capacity + tpp - 1) / tpp - std::int64_t(num_pages));
+    DHISPARSE_EXPECTS(num_pages + more <= host_.free_pages(),
+                      "host store exhausted: " + std::to_string(more) + " pages needed beside the " +
+                        std::to_string(num_pages) + " adopted, " + std::to_string(host_.free_pages()) + " free");
+    ledger_.check(index, backed_capacity(index, capacity), "adopt");
+    host_.adopt(index, std::vector<std::int32_t>(pages, pages + num_pages), uploader_, stream);
+    requests_.insert(id);
+    grow(index, capacity, stream);
+    uploader_.upload_value(lengths() + index, length, stream);
+  }
+
+  /**
    * @brief Backs positions [0, capacity) of a request with host pages and map pages, so
    *        that later steps can append tail rows up to there. All or nothing.
    * @throws dhisparse::error for an unknown id, capacity beyond max_context, an exhausted

@@ -79,6 +79,22 @@ enum class host_memory {
                ///< with `cudaHostRegister` unless `caller_memory_registered` says it is
 };
 
+/// Where one layer group's rows lie inside a host page (`host_store_config::groups`): the
+/// group row of the page's position t (its layers' rows, one after another) starts at
+/// `offset + t × token_stride`.
+struct host_group_placement {
+  std::size_t offset       = 0;  ///< bytes from the page's start to position 0's group row (16-aligned)
+  std::size_t token_stride = 0;  ///< bytes between consecutive positions' group rows (16-aligned,
+                                 ///< at least layers × row bytes)
+};
+
+/// Placement of one group's rows inside a host page.
+struct group_layout {
+  std::size_t page_offset;  ///< byte offset of position 0's group row inside a page
+  std::size_t row_bytes;    ///< bytes from one position's group row to the next: the group
+                            ///< row (layers × row format bytes) in the packed layout
+};
+
 /// Host store settings (see `host_store`).
 struct host_store_config {
   std::size_t capacity_pages = 0;  ///< pages in the store; admission beyond fails
@@ -91,6 +107,13 @@ struct host_store_config {
   /// the default) the node closest to the current GPU where the machine has several,
   /// -2 (`numa_unbound`) no binding, ≥ 0 that node. See host_store.cuh and `host_store::numa()`.
   int numa_node = -1;
+  /// Page layout, to describe an engine's existing host KV pool (with host_memory::caller)
+  /// whose pages `kv_hierarchy::adopt` then uses in place. Each group row must hold its
+  /// layers' rows contiguously in the row format; around that, groups may lie anywhere in a
+  /// page (blocks, or interleaved position by position) as long as no two rows overlap.
+  /// 0 / empty (the default): the packed layout, group blocks one after another.
+  std::size_t page_bytes = 0;                  ///< bytes from one page to the next (16-aligned)
+  std::vector<host_group_placement> groups{};  ///< one per layer group, or empty (packed)
 };
 
 /**

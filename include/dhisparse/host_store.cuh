@@ -35,6 +35,7 @@
 #pragma once
 
 #include <dhisparse/detail/device_memory.cuh>
+#include <dhisparse/detail/host_layout.hpp>
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/numa.hpp>
 #include <dhisparse/detail/page_table.cuh>
@@ -59,11 +60,7 @@
 
 namespace dhisparse {
 
-/// Placement of one group's rows inside a host page (and size of its group rows).
-struct group_layout {
-  std::size_t page_offset;  ///< byte offset of the group's block inside a page
-  std::size_t row_bytes;    ///< bytes of one group row: layers × row format bytes
-};
+static_assert(detail::host_row_alignment == row_alignment);
 
 /// Consecutive positions of one (request, group, layer) inside one host page: row k is at
 /// `first + k × stride` for k < `count` (the positions up to the page's end).
@@ -257,7 +254,7 @@ class host_store {
     : config_{config},
       row_bytes_{row_bytes},
       group_layers_{group_layers},
-      layouts_{make_layouts(config.tokens_per_page, group_layers, row_bytes, page_bytes_)},
+      layouts_{detail::make_group_layouts(config, group_layers, row_bytes, page_bytes_)},
       pages_{"host store", check(config, row_bytes, max_requests, max_context), max_requests,
              config.tokens_per_page, max_context, detail::device_resource(resources), stream}
   {
@@ -277,7 +274,7 @@ class host_store {
   {
     check(config, row_bytes, max_requests, max_context);
     std::size_t page_bytes = 0;
-    make_layouts(config.tokens_per_page, group_layers, row_bytes, page_bytes);
+    detail::make_group_layouts(config, group_layers, row_bytes, page_bytes);
     memory_footprint f{};
     f.device_bytes = detail::page_table::device_bytes_for(max_requests, config.tokens_per_page, max_context);
     f.host_store_bytes = detail::pinned_host_memory::mapped_size(config.memory, page_bytes * config.capacity_pages);
@@ -315,6 +312,20 @@ class host_store {
             cudaStream_t stream)
   {
     pages_.grow(request, capacity, uploader, stream);
+  }
+
+  /**
+   * @brief Gives `request` (holding no pages yet) the store's pages `pages`, in that
+   *        order: positions [k P, (k + 1) P) of the request are in page `pages[k]`, whose
+   *        rows are used where they are (an engine's host KV adopted in place). The pages
+   *        return to the store's free pages with `release`. All or nothing.
+   * @throws dhisparse::error when the request holds pages, a page is outside the store,
+   *         repeated, or not free, or the list is longer than max_context needs
+   */
+  void adopt(int request, std::vector<std::int32_t> const& pages, detail::staging_uploader& uploader,
+             cudaStream_t stream)
+  {
+    pages_.adopt(request, pages, uploader, stream);
   }
 
   /// Returns all pages of `request` to the store; its device table row becomes empty.
@@ -398,21 +409,6 @@ class host_store {
   }
 
  private:
-  /// Each group's place in a page; `page_bytes` receives the bytes of a page.
-  static std::vector<group_layout> make_layouts(int tokens_per_page, std::vector<int> const& group_layers,
-                                                std::size_t row_bytes, std::size_t& page_bytes)
-  {
-    std::vector<group_layout> layouts;
-    std::size_t offset = 0;
-    for (int layers : group_layers) {
-      DHISPARSE_EXPECTS(layers > 0, "host_store: group_layers entries must be positive");
-      layouts.push_back({offset, std::size_t(layers) * row_bytes});
-      offset += std::size_t(tokens_per_page) * layers * row_bytes;
-    }
-    page_bytes = offset;
-    return layouts;
-  }
-
   /// Validates the arguments; returns the page count.
   static std::size_t check(host_store_config const& config, std::size_t row_bytes, int max_requests,
                            int max_context)

@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <vector>
@@ -311,6 +313,117 @@ TEST_CASE("host store in caller memory; caller-owned slabs", "[hierarchy][gpu]")
   bad.host.caller_memory   = nullptr;
   using gpu_type           = twin<row_format::mla_fp8_656>::gpu_type;
   REQUIRE_THROWS_WITH(gpu_type(bad, stream.s), Catch::Contains("caller_memory"));
+}
+
+TEST_CASE("an engine's host KV pool adopted in place: its page layout, its pages", "[hierarchy][gpu]")
+{
+  using row                = row_format::mla_fp8_656;
+  auto rng                 = test::seeded_engine("hierarchy gpu adopt");
+  std::uint64_t const salt = rng();
+  stream_guard stream;
+  auto config   = twin_config(1, host_memory::caller);
+  int const tpp = config.host.tokens_per_page;
+  // The engine's page: position-major, a position's three layer rows together (group 1's
+  // layer first), 32 bytes of padding after each position and 64 at the page's end.
+  std::size_t const stride = 3 * row::bytes + 32;
+  config.host.groups       = {{row::bytes, stride}, {0, stride}};
+  config.host.page_bytes   = tpp * stride + 64;
+  std::size_t const bytes  = config.host.page_bytes * config.host.capacity_pages;
+  auto* host                = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  std::memset(host, 0, bytes);
+  config.host.caller_memory = host;
+  config.host.caller_bytes  = bytes;
+  auto engine_row = [&](std::int32_t page, int g, int l, std::int64_t pos) {
+    return host + std::size_t(page) * config.host.page_bytes + config.host.groups[std::size_t(g)].offset +
+           std::size_t(pos % tpp) * stride + std::size_t(l) * row::bytes;
+  };
+  {
+    twin<row> t(config, salt, stream.s);
+    REQUIRE(t.gpu().store().page_bytes() == config.host.page_bytes);
+    // Request 7's 1000 prefill positions in 32 of the engine's pages, scattered.
+    std::vector<std::int32_t> pages;
+    for (int k = 0; k < 32; ++k) { pages.push_back(std::int32_t(700 - 7 * k)); }
+    for (std::int32_t pos = 0; pos < 1000; ++pos) {
+      for (int g = 0; g < config.num_groups(); ++g) {
+        for (int l = 0; l < config.group_layers[g]; ++l) {
+          test::truth_row(salt, 7, g, l, pos, engine_row(pages[std::size_t(pos / tpp)], g, l, pos), row::bytes);
+        }
+      }
+    }
+    std::size_t const free_before = t.gpu().store().free_pages();
+    t.adopt(7, 1000, pages, 2000);
+    CHECK(t.gpu().store().free_pages() == free_before - std::size_t((2000 + tpp - 1) / tpp));
+    CHECK(t.gpu().host_row(request_id{7}, 0, 1, 999) == engine_row(pages[999 / tpp], 0, 1, 999));
+    t.admit(8, 300, 1000);
+    t.set_batch({7, 8}, {1, 1});
+    for (int s = 0; s < 12; ++s) { t.step(rng, K, nullptr, true); }
+    t.check_host_store();
+    // Committed rows are in the engine's layout, the adopted pages included.
+    std::int32_t const length = t.lengths()[7];
+    for (std::int32_t pos = 0; pos < length; ++pos) {
+      for (int g = 0; g < config.num_groups(); ++g) {
+        for (int l = 0; l < config.group_layers[g]; ++l) {
+          std::byte const* at = t.gpu().host_row(request_id{7}, g, l, pos);
+          if (pos < 32 * tpp) { REQUIRE(at == engine_row(pages[std::size_t(pos / tpp)], g, l, pos)); }
+          std::vector<std::byte> want(row::bytes);
+          test::truth_row(salt, 7, g, l, pos, want.data(), row::bytes);
+          INFO("position " << pos << " group " << g << " layer " << l);
+          REQUIRE(std::memcmp(at, want.data(), row::bytes) == 0);
+        }
+      }
+    }
+
+    // Refusals change nothing, on both sides where the reference can tell.
+    std::size_t const free_now = t.gpu().store().free_pages();
+    auto refused = [&](std::vector<std::int32_t> const& list, std::int32_t len, char const* why, bool ref_too) {
+      INFO(why);
+      CHECK_THROWS_WITH(t.gpu().adopt(request_id{9}, len, list.data(), list.size(), stream.s), Catch::Contains(why));
+      if (ref_too) {
+        CHECK_THROWS_WITH(t.ref().adopt(request_id{9}, len, list.data(), list.size()), Catch::Contains(why));
+      }
+      CHECK(!t.gpu().contains(request_id{9}));
+      CHECK(t.gpu().store().free_pages() == free_now);
+    };
+    refused({pages[3]}, 20, "is held or repeated", false);
+    refused({5, 6, 5}, 70, "is held or repeated", true);
+    refused({std::int32_t(config.host.capacity_pages)}, 20, "is outside the pool", true);
+    refused({-1}, 20, "is outside the pool", true);
+    refused({5}, 40, "fewer than length", true);
+    refused(std::vector<std::int32_t>(std::size_t(config.max_context / tpp + 1), 0), 20, "max_context", true);
+    // Released pages come back: adopted again once the stream passed the release.
+    t.release(7);
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream.s));
+    std::vector<std::int32_t> const again{pages[0], pages[1]};
+    for (std::int32_t pos = 0; pos < 50; ++pos) {
+      for (int g = 0; g < config.num_groups(); ++g) {
+        for (int l = 0; l < config.group_layers[g]; ++l) {
+          test::truth_row(salt, 11, g, l, pos, engine_row(again[std::size_t(pos / tpp)], g, l, pos), row::bytes);
+        }
+      }
+    }
+    t.adopt(11, 50, again, 64);
+    t.set_batch({11, 8}, {1, 1});
+    for (int s = 0; s < 4; ++s) { t.step(rng, K, nullptr, true); }
+    t.check_host_store();
+  }
+  std::free(host);
+
+  // Layouts that cannot hold the rows are refused before anything is allocated.
+  using gpu_type = twin<row>::gpu_type;
+  auto bad_layout = [&](auto change, char const* why) {
+    auto c              = twin_config(1, host_memory::pinned);
+    c.host.groups       = {{row::bytes, stride}, {0, stride}};
+    c.host.page_bytes   = tpp * stride + 64;
+    change(c.host);
+    INFO(why);
+    CHECK_THROWS_WITH(gpu_type::bytes_required(c), Catch::Contains(why));
+  };
+  bad_layout([&](host_store_config& h) { h.groups[1].offset = 2 * row::bytes; }, "overlapping");
+  bad_layout([&](host_store_config& h) { h.groups[0].token_stride = row::bytes; }, "smaller than the group row");
+  bad_layout([&](host_store_config& h) { h.page_bytes = tpp * stride - 64; }, "smaller than the rows of a page");
+  bad_layout([&](host_store_config& h) { h.groups[0].offset = 8; }, "multiples of 16");
+  bad_layout([&](host_store_config& h) { h.groups.pop_back(); }, "one placement per layer group");
+  bad_layout([&](host_store_config& h) { h.page_bytes = 8 + tpp * stride + 64; }, "page_bytes must be a multiple of 16");
 }
 
 TEST_CASE("residency map memory stays under 1% of the KV it indexes", "[hierarchy][gpu]")

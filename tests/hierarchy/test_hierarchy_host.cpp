@@ -414,3 +414,84 @@ TEST_CASE("host reference: bulk host-row writes equal row-by-row writes; bad one
     REQUIRE(std::memcmp(before.data() + std::size_t(p) * fp8::bytes, bulk.host_row(id, 0, 0, p), fp8::bytes) == 0);
   }
 }
+
+TEST_CASE("host reference: adopted pages of a caller's host KV in its own layout; bad pages and layouts refused",
+          "[hierarchy][host]")
+{
+  auto rng                 = test::seeded_engine("host reference adopt");
+  std::uint64_t const salt = rng();
+  auto cfg                 = small_config();
+  int const tpp            = cfg.host.tokens_per_page;
+  // Interleaved position by position, group 1's layer first, padded: an engine's layout.
+  std::size_t const stride = 3 * fp8::bytes + 16 * std::size_t(rng() % 3);
+  cfg.host.memory          = host_memory::caller;
+  cfg.host.groups          = {{fp8::bytes, stride}, {0, stride}};
+  cfg.host.page_bytes      = tpp * stride + 32;
+  std::vector<std::byte> pool(cfg.host.page_bytes * cfg.host.capacity_pages);
+  cfg.host.caller_memory = pool.data();
+  cfg.host.caller_bytes  = pool.size();
+  auto engine_row        = [&](std::int32_t page, int g, int l, std::int32_t pos) {
+    return pool.data() + std::size_t(page) * cfg.host.page_bytes + cfg.host.groups[std::size_t(g)].offset +
+           std::size_t(pos % tpp) * stride + std::size_t(l) * fp8::bytes;
+  };
+  std::int32_t const length = 100 + std::int32_t(rng() % 200);
+  std::vector<std::int32_t> pages;
+  for (std::int32_t k = 0; k < (length + tpp - 1) / tpp; ++k) { pages.push_back(std::int32_t(900 - 3 * k)); }
+  for (std::int32_t pos = 0; pos < length; ++pos) {
+    for (int g = 0; g < cfg.num_groups(); ++g) {
+      for (int l = 0; l < cfg.group_layers[g]; ++l) {
+        test::truth_row(salt, 5, g, l, pos, engine_row(pages[std::size_t(pos / tpp)], g, l, pos), fp8::bytes);
+      }
+    }
+  }
+  ref_lru h(cfg);
+  h.adopt(request_id{5}, length, pages.data(), pages.size());
+  for (std::int32_t pos = 0; pos < length; ++pos) {
+    for (int g = 0; g < cfg.num_groups(); ++g) {
+      for (int l = 0; l < cfg.group_layers[g]; ++l) {
+        REQUIRE(std::memcmp(h.host_row(request_id{5}, g, l, pos), engine_row(pages[std::size_t(pos / tpp)], g, l, pos),
+                            fp8::bytes) == 0);
+      }
+    }
+  }
+  CHECK(h.length(request_id{5}) == length);
+  // Refusals admit nothing.
+  std::vector<std::int32_t> const repeated{1, 2, 1}, outside{std::int32_t(cfg.host.capacity_pages)}, one{3};
+  CHECK_THROWS_WITH(h.adopt(request_id{6}, 40, repeated.data(), repeated.size()), Catch::Contains("repeated"));
+  CHECK_THROWS_WITH(h.adopt(request_id{6}, 10, outside.data(), outside.size()), Catch::Contains("outside the pool"));
+  CHECK_THROWS_WITH(h.adopt(request_id{6}, tpp + 1, one.data(), one.size()), Catch::Contains("fewer than length"));
+  CHECK_THROWS_WITH(h.adopt(request_id{5}, 10, one.data(), one.size()), Catch::Contains("already admitted"));
+  CHECK(!h.contains(request_id{6}));
+  auto pinned        = small_config();
+  ref_lru not_caller(pinned);
+  CHECK_THROWS_WITH(not_caller.adopt(request_id{6}, 10, one.data(), one.size()), Catch::Contains("host_memory::caller"));
+
+  // Layout checks (shared with the GPU store).
+  auto layout_error = [&](auto change) {
+    auto c = cfg.host;
+    change(c);
+    std::size_t page_bytes = 0;
+    try {
+      detail::make_group_layouts(c, cfg.group_layers, fp8::bytes, page_bytes);
+    } catch (dhisparse::error const& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(layout_error([](host_store_config& c) { c.groups[1].offset = 2 * fp8::bytes; }), Catch::Contains("overlapping"));
+  CHECK_THAT(layout_error([](host_store_config& c) { c.groups[0].token_stride = fp8::bytes; }),
+             Catch::Contains("smaller than the group row"));
+  CHECK_THAT(layout_error([&](host_store_config& c) { c.page_bytes = tpp * stride - 64; }),
+             Catch::Contains("smaller than the rows of a page"));
+  CHECK(layout_error([](host_store_config&) {}).empty());
+  // The packed layout when nothing is described; page padding alone is allowed.
+  std::size_t packed = 0, padded = 0;
+  auto packed_layout = detail::make_group_layouts(small_config().host, cfg.group_layers, fp8::bytes, packed);
+  CHECK(packed == std::size_t(tpp) * 3 * fp8::bytes);
+  CHECK(packed_layout[1].page_offset == std::size_t(tpp) * 2 * fp8::bytes);
+  auto pad            = small_config().host;
+  pad.page_bytes      = packed + 4096;
+  auto padded_layout  = detail::make_group_layouts(pad, cfg.group_layers, fp8::bytes, padded);
+  CHECK(padded == packed + 4096);
+  CHECK(padded_layout[1].page_offset == packed_layout[1].page_offset);
+}

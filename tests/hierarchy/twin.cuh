@@ -113,6 +113,16 @@ class twin {
     admitted(id, length);
   }
 
+  /// Adopts the host pages `pages` (their rows already written, in the caller memory both
+  /// sides read) for `id` on both sides.
+  void adopt(std::uint64_t id, std::int32_t length, std::vector<std::int32_t> const& pages, std::int64_t capacity)
+  {
+    gpu_.adopt(request_id{id}, length, pages.data(), pages.size(), stream_, capacity);
+    ref_.adopt(request_id{id}, length, pages.data(), pages.size(), capacity);
+    lengths_[id] = length;
+    focus_[id]   = length / 2;
+  }
+
   /// Admits on both sides unless both refuse; a refusal must change nothing.
   bool try_admit(std::uint64_t id, std::int32_t length, std::int64_t capacity)
   {

@@ -48,6 +48,8 @@ class page_table {
                       name_ + ": the number of pages must be in [1, 2^31)");
     free_.reserve(num_pages);
     for (std::size_t p = num_pages; p-- > 0;) { free_.push_back(std::int32_t(p)); }  // 0 first
+    held_.assign(num_pages, 0);
+    free_count_ = num_pages;
     lists_.resize(max_requests);
     device_ = device_array<std::int32_t>(std::size_t(max_requests) * max_pages_per_request_, device, stream);
     device_.fill_bytes(0xFF, stream);
@@ -62,7 +64,7 @@ class page_table {
   }
 
   /// Pages not held by any request (the parked ones included).
-  [[nodiscard]] std::size_t free_pages() const noexcept { return free_.size() + parked_pages_; }
+  [[nodiscard]] std::size_t free_pages() const noexcept { return free_count_ + parked_pages_; }
   [[nodiscard]] std::int32_t max_pages_per_request() const noexcept { return max_pages_per_request_; }
   [[nodiscard]] std::int32_t const* device_table() const noexcept { return device_.data(); }
   [[nodiscard]] std::size_t device_bytes() const noexcept { return device_.bytes(); }
@@ -96,12 +98,46 @@ class page_table {
     unpark(need);
     auto& list              = lists_[request];
     std::size_t const first = list.size();
-    for (std::size_t i = 0; i < need; ++i) {
-      list.push_back(free_.back());
+    while (list.size() < first + need) {
+      std::int32_t const page = free_.back();
       free_.pop_back();
+      if (held_[std::size_t(page)] != 0) { continue; }  // adopted since it was freed
+      held_[std::size_t(page)] = 1;
+      list.push_back(page);
     }
-    uploader.upload(device_.data() + std::size_t(request) * max_pages_per_request_ + first,
-                    list.data() + first, need * sizeof(std::int32_t), stream);
+    free_count_ -= need;
+    upload_tail(request, first, uploader, stream);
+  }
+
+  /**
+   * Gives `request`, holding no pages, the free pages `pages` in that order (all or
+   * nothing); the device table update is ordered on `stream`.
+   */
+  void adopt(int request, std::vector<std::int32_t> const& pages, staging_uploader& uploader, cudaStream_t stream)
+  {
+    auto& list = lists_.at(request);
+    DHISPARSE_EXPECTS(list.empty(), name_ + ": adopt needs a request that holds no pages");
+    DHISPARSE_EXPECTS(pages.size() <= std::size_t(max_pages_per_request_),
+                      name_ + ": " + std::to_string(pages.size()) + " pages adopted, max_context needs at most " +
+                        std::to_string(max_pages_per_request_));
+    unpark(0);  // pages whose release the device has passed are free (no waiting)
+    std::size_t k = 0;
+    for (; k < pages.size(); ++k) {  // marks them held; undone below when one is refused
+      std::int32_t const page = pages[k];
+      if (page < 0 || std::size_t(page) >= held_.size() || held_[std::size_t(page)] != 0) { break; }
+      held_[std::size_t(page)] = 1;
+    }
+    if (k < pages.size()) {
+      std::int32_t const bad = pages[k];
+      bool const outside     = bad < 0 || std::size_t(bad) >= held_.size();
+      std::string const why  = outside ? "is outside the pool" : held_[std::size_t(bad)] == 1 ? "is held or repeated" : "was released and is not yet free";
+      for (std::size_t i = 0; i < k; ++i) { held_[std::size_t(pages[i])] = 0; }
+      throw_error(__FILE__, __LINE__, name_ + ": adopted page " + std::to_string(bad) + " (entry " + std::to_string(k) + ") " + why);
+    }
+    list        = pages;
+    free_count_ -= pages.size();
+    if (free_.size() > 2 * held_.size()) { compact_free(); }
+    upload_tail(request, 0, uploader, stream);
   }
 
   /**
@@ -119,7 +155,10 @@ class page_table {
     DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) {
       free_.insert(free_.end(), list.rbegin(), list.rend());
+      for (std::int32_t page : list) { held_[std::size_t(page)] = 0; }
+      free_count_ += list.size();
     } else {
+      for (std::int32_t page : list) { held_[std::size_t(page)] = 2; }
       cudaEvent_t event = nullptr;
       DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
       parked p{event_ptr{event}, std::vector<std::int32_t>(list.rbegin(), list.rend())};
@@ -148,16 +187,42 @@ class page_table {
     while (!parked_.empty()) {
       cudaError_t const status = cudaEventQuery(parked_.front().done.get());
       if (status == cudaErrorNotReady) {
-        if (free_.size() >= need) { return; }
+        if (free_count_ >= need) { return; }
         DHISPARSE_CUDA_TRY(cudaEventSynchronize(parked_.front().done.get()));
       } else if (status != cudaSuccess) {
         throw_cuda_error(status, "cudaEventQuery", __FILE__, __LINE__);
       }
       std::vector<std::int32_t> const& pages = parked_.front().pages;
       free_.insert(free_.end(), pages.begin(), pages.end());
+      for (std::int32_t page : pages) { held_[std::size_t(page)] = 0; }
+      free_count_ += pages.size();
       parked_pages_ -= pages.size();
       parked_.pop_front();
     }
+  }
+
+  /// Uploads `request`'s page list from entry `first` on.
+  void upload_tail(int request, std::size_t first, staging_uploader& uploader, cudaStream_t stream)
+  {
+    auto const& list = lists_[request];
+    if (list.size() == first) { return; }
+    uploader.upload(device_.data() + std::size_t(request) * max_pages_per_request_ + first, list.data() + first,
+                    (list.size() - first) * sizeof(std::int32_t), stream);
+  }
+
+  /// Drops the free list's stale entries (pages adopted while listed free), keeping its order.
+  void compact_free()
+  {
+    std::vector<char> seen(held_.size(), 0);
+    std::vector<std::int32_t> kept;
+    kept.reserve(free_count_);
+    for (std::int32_t page : free_) {
+      if (held_[std::size_t(page)] == 0 && !seen[std::size_t(page)]) {
+        seen[std::size_t(page)] = 1;
+        kept.push_back(page);
+      }
+    }
+    free_ = std::move(kept);
   }
 
   static std::int32_t pages_per_request(int positions_per_page, int max_context) noexcept
@@ -168,7 +233,9 @@ class page_table {
   std::string name_;
   std::int32_t positions_per_page_;
   std::int32_t max_pages_per_request_;
-  std::vector<std::int32_t> free_;
+  std::vector<std::int32_t> free_;  // may list adopted pages too (skipped when popped)
+  std::vector<char> held_;          // per page: 0 free, 1 held by a request, 2 parked
+  std::size_t free_count_ = 0;      // pages with held_ 0
   std::deque<parked> parked_;
   std::size_t parked_pages_ = 0;
   std::vector<std::vector<std::int32_t>> lists_;

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <dhisparse/detail/budget_ledger.hpp>
+#include <dhisparse/detail/host_layout.hpp>
 #include <dhisparse/verified_step.hpp>
 #include <dhisparse/detail/request_table.hpp>
 #include <dhisparse/error.hpp>
@@ -117,6 +118,52 @@ class kv_hierarchy {
     grow(index, capacity);
     table_.insert(id);
     requests_[index].length = length;
+  }
+
+  /**
+   * Reference of `kv_hierarchy::adopt`: the rows of positions [0, length) are read from the
+   * adopted pages of the caller's memory (`host_memory::caller`, laid out as
+   * `host_store_config` describes) into the reference's own store. It does not track
+   * which pages requests hold: the GPU store also refuses pages held or parked.
+   */
+  void adopt(request_id id, std::int32_t length, std::int32_t const* pages, std::size_t num_pages,
+             std::int64_t capacity = -1)
+  {
+    table_.check_admit(id, length, capacity);
+    auto const& host       = config_.host;
+    std::int64_t const tpp = host.tokens_per_page;
+    DHISPARSE_EXPECTS(host.memory == host_memory::caller && host.caller_memory != nullptr,
+                      "adopt: the host reference reads adopted rows from host_memory::caller memory");
+    DHISPARSE_EXPECTS(pages != nullptr || num_pages == 0, "adopt: pages is null");
+    DHISPARSE_EXPECTS(std::int64_t(num_pages) * tpp >= length,
+                      "adopt: " + std::to_string(num_pages) + " pages cover " + std::to_string(num_pages * tpp) +
+                        " positions, fewer than length (" + std::to_string(length) + ")");
+    DHISPARSE_EXPECTS(std::int64_t(num_pages) <= (config_.max_context + tpp - 1) / tpp,
+                      "host store: " + std::to_string(num_pages) + " pages adopted, max_context needs at most " +
+                        std::to_string((config_.max_context + tpp - 1) / tpp));
+    std::size_t page_bytes = 0;
+    auto const layouts     = detail::make_group_layouts(host, config_.group_layers, RowFormat::bytes, page_bytes);
+    std::vector<char> seen(host.capacity_pages, 0);
+    for (std::size_t k = 0; k < num_pages; ++k) {
+      std::int32_t const page = pages[k];
+      bool const inside       = page >= 0 && std::size_t(page) < host.capacity_pages &&
+                          (std::size_t(page) + 1) * page_bytes <= host.caller_bytes;
+      DHISPARSE_EXPECTS(inside && !seen[std::size_t(page)], "host store: adopted page " + std::to_string(page) +
+                                                               " (entry " + std::to_string(k) + ") " +
+                                                               (inside ? "is held or repeated" : "is outside the pool"));
+      seen[std::size_t(page)] = 1;
+    }
+    admit(id, length, std::max(capacity, std::min<std::int64_t>(std::int64_t(num_pages) * tpp, config_.max_context)));
+    auto const* base = static_cast<std::byte const*>(host.caller_memory);
+    for (int g = 0; g < config_.num_groups(); ++g) {
+      for (int l = 0; l < config_.group_layers[g]; ++l) {
+        for (std::int32_t pos = 0; pos < length; ++pos) {
+          std::byte const* from = base + std::size_t(pages[pos / tpp]) * page_bytes + layouts[g].page_offset +
+                                  std::size_t(pos % tpp) * layouts[g].row_bytes + std::size_t(l) * RowFormat::bytes;
+          std::memcpy(host_row(id, g, l, pos), from, RowFormat::bytes);
+        }
+      }
+    }
   }
 
   void reserve(request_id id, std::int64_t capacity)
