@@ -35,8 +35,8 @@ inline constexpr int o_pitch_partial = value_dim * 4 + 32;
 
 /// Rows of every FP8 tile that the value warpgroup dequantizes itself (the producer the other
 /// 64 - value_rows): the producer's dequantization is the kernel's critical path for FP8 rows,
-/// while the value warpgroup waits for the score warpgroup's softmax most of every tile (16
-/// measured best; 32 overloads it). Only with `wgmma` (the value warpgroup needs registers
+/// while the value warpgroup waits for the score warpgroup's softmax most of every tile (more
+/// than 16 overload it). Only with `wgmma` (the value warpgroup needs registers
 /// beyond the launch allocation for them) and not with `Crossover` (the two CTAs split the
 /// dequantization there instead).
 template <bool Fp8, bool Crossover>

@@ -70,9 +70,8 @@ inline constexpr std::uint32_t crossover_bytes = (tile_n / 2) * value_dim * 2;
  *
  * The dequantized rows are handled in parts whose e4m3 bytes sit in registers. Without
  * `Crossover` the loads of a part for the next tile are issued as soon as the part is stored,
- * so they have the other parts' dequantization to land (loading a whole tile after the
- * previous one was stored left the load latency on the producer's path, which is the
- * kernel's critical one for FP8 rows); with it, after the whole tile (`one_batch`). Every
+ * so they have the other parts' dequantization to land (the producer's path is the kernel's
+ * critical one for FP8 rows); with it, after the whole tile (`one_batch`). Every
  * global load of a warp shares one scoreboard (ptxas), so the first read of any loaded
  * register waits for the newest load: entries are read only where such a wait happens anyway.
  * Lanes 0-15 hold the slot ids of the rope rows, lanes 16 + i those of the dequantized rows.
@@ -81,12 +80,12 @@ template <bool Crossover>
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int warp, int lane)
 {
   constexpr int rows_per_warp = Crossover ? tile_n / 8 : (tile_n - value_rows<true, false>) / 4;
-  // Two parts of 8 rows (4 or 8 parts measured slower: more loads, no shorter waits), else of 4.
+  // Two parts of 8 rows, else of 4: more parts mean more loads and no shorter waits.
   constexpr int part_rows = rows_per_warp == 16 ? 8 : 4;
   constexpr int parts     = rows_per_warp / part_rows;
   static_assert(rows_per_warp % part_rows == 0, "value_rows must leave the producer whole parts");
   // With `Crossover` (8 rows a warp) every part of the next tile is loaded after the tile is
-  // stored: one load wait per tile measured faster there (-3 to -6%), slower with 12 rows.
+  // stored: one load wait per tile pays there, not with 12 rows a warp.
   constexpr bool one_batch = Crossover;
   int const rank              = Crossover ? cluster_rank() : 0;
   int const rope0             = warp * 16;
