@@ -38,7 +38,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void release_stage(cta_work const& w, int
   mbarrier_arrive(w.empty_bar(t));
   if constexpr (Crossover) {
     __syncwarp();
-    if (lane == 0) { mbarrier_arrive_remote(peer_address(w.empty_bar(t), cluster_rank() ^ 1)); }
+    if (lane == 0) { mbarrier_arrive_remote(peer_address(smem_address(w.empty_bar(t)), cluster_rank() ^ 1)); }
   }
 }
 

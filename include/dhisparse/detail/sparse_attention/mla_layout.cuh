@@ -97,10 +97,15 @@ struct cta_work {
   {
     return smem_base + smem_layout::kv + std::uint32_t(t & 1) * tile_bytes;
   }
-  DHISPARSE_DEVICE std::uint32_t full_bar(int t) const { return smem_base + smem_layout::bars + 8 * (t & 1); }
-  DHISPARSE_DEVICE std::uint32_t empty_bar(int t) const
+  /// The full / empty mbarrier of tile t's stage, as the generic pointers `cuda::ptx` takes
+  /// (formed from the shared-window address, into which the compiler folds them back).
+  DHISPARSE_DEVICE std::uint64_t* full_bar(int t) const
   {
-    return smem_base + smem_layout::bars + 16 + 8 * (t & 1);
+    return static_cast<std::uint64_t*>(__cvta_shared_to_generic(smem_base + smem_layout::bars + 8 * (t & 1)));
+  }
+  DHISPARSE_DEVICE std::uint64_t* empty_bar(int t) const
+  {
+    return static_cast<std::uint64_t*>(__cvta_shared_to_generic(smem_base + smem_layout::bars + 16 + 8 * (t & 1)));
   }
   /// Parity of the phase of stage t & 1 that tile t fills.
   DHISPARSE_DEVICE static std::uint32_t phase(int t) { return std::uint32_t((t >> 1) & 1); }

@@ -111,7 +111,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void produce_fp8(cta_work const& w, int w
     std::uint32_t const dst    = w.stage_addr(t);
     unsigned char* const stage = w.smem + (dst - w.smem_base);
     std::uint32_t const peer_stage = Crossover ? peer_address(dst, rank ^ 1) : 0u;
-    std::uint32_t const peer_full  = Crossover ? peer_address(w.full_bar(t), rank ^ 1) : 0u;
+    std::uint32_t const peer_full  = Crossover ? peer_address(smem_address(w.full_bar(t)), rank ^ 1) : 0u;
     // Rope: lane l copies 16-byte chunks 4 (l / 16) .. 4 (l / 16) + 3 of rope row 16w + l % 16
     // (consecutive chunks of one row differ only in the swizzled chunk bits).
     {
