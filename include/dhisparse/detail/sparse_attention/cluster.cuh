@@ -4,6 +4,10 @@
  *        the peer's shared-memory window, `st.async` into it, transaction and remote mbarrier
  *        arrivals and the cluster barrier. Elsewhere they compile to nothing (the launcher never picks the
  *        two-CTA mode there).
+ *
+ * Through libcu++'s `cuda::ptx` where it has the instruction with the same semantics and
+ * the same code; inline PTX for `mapa` (not in `cuda::ptx`), `st.async` (see `st_async_16`)
+ * and the remote arrival (see `mbarrier_arrive_remote`).
  */
 #pragma once
 
@@ -12,6 +16,8 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
+
+#include <cuda/ptx>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define DHISPARSE_SPARSE_ATTENTION_CLUSTER 1
@@ -24,7 +30,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int cluster_rank()
 {
   std::uint32_t r = 0;
 #if defined(DHISPARSE_SPARSE_ATTENTION_CLUSTER)
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  r = cuda::ptx::get_sreg_cluster_ctarank();
 #endif
   return int(r);
 }
@@ -44,6 +50,9 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint32_t peer_address(std::uint32_t 
 
 /// Asynchronous 16-byte store to a peer's shared memory (`addr`, shared::cluster) that
 /// completes 16 bytes of transactions on the peer's mbarrier `bar` (same CTA as `addr`).
+/// Inline PTX: `cuda::ptx::st_async` takes generic pointers, and generic peer pointers
+/// (`__cluster_map_shared_rank`) put `mapa` and address conversions into the FP8 producer's
+/// dequantization loop (24 more instructions in the cluster kernel, sm_90a).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void st_async_16(std::uint32_t addr, uint4 v, std::uint32_t bar)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_CLUSTER)
@@ -58,13 +67,15 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void st_async_16(std::uint32_t addr, uint
 #endif
 }
 
-/// Arrives on this CTA's mbarrier `addr` and raises its expected transaction bytes by `bytes`.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive_expect_tx(std::uint32_t addr, std::uint32_t bytes)
+/// Arrives on this CTA's mbarrier `bar` and raises its expected transaction bytes by `bytes`
+/// (release at CTA scope, the instruction's default).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_CLUSTER)
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             bar, bytes);
 #else
-  (void)addr;
+  (void)bar;
   (void)bytes;
 #endif
 }
@@ -72,7 +83,8 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive_expect_tx(std::uint3
 /// Arrives on a peer's mbarrier (`addr`, shared::cluster). Default (CTA-scope) release, as
 /// CUTLASS's cluster barriers do: what the arrival publishes — "this thread is done reading
 /// the stage" — needs no ordering of this thread's memory accesses beyond program order, and
-/// the cluster-scope release costs a GPU-wide memory barrier per arrival.
+/// the cluster-scope release costs a GPU-wide memory barrier per arrival. Inline PTX:
+/// `cuda::ptx` has the shared::cluster arrival only as `.release.cluster` or `.relaxed.cluster`.
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive_remote(std::uint32_t addr)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_CLUSTER)
@@ -86,7 +98,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive_remote(std::uint32_t
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fence_mbarrier_init_cluster()
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_CLUSTER)
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
 #endif
 }
 
@@ -94,7 +106,8 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fence_mbarrier_init_cluster()
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void cluster_sync()
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_CLUSTER)
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+  cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
 #endif
 }
 

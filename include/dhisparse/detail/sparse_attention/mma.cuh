@@ -1,8 +1,17 @@
 /**
  * @file detail/sparse_attention/mma.cuh
- * @brief PTX wrappers used by the sparse attention kernels: 16-byte `cp.async` with zero
- *        fill, `ldmatrix`, `mma.sync` m16n8k16 (bf16 → fp32), Hopper `wgmma` (sm_90a) with
- *        128-byte-swizzled shared-memory descriptors, and the proxy / operand fences.
+ * @brief Device primitives of the sparse attention kernels: 16-byte `cp.async` with zero
+ *        fill, mbarriers, named barriers, `ldmatrix`, `mma.sync` m16n8k16 (bf16 → fp32),
+ *        Hopper `wgmma` (sm_90a) with 128-byte-swizzled shared-memory descriptors,
+ *        `setmaxnreg`, and the proxy / operand fences.
+ *
+ * What libcu++'s `cuda::ptx` covers (mbarrier init / arrive / wait, `fence.proxy.async`) is
+ * called from there; inline PTX is left only where `cuda::ptx` has no equivalent (CUDA 13):
+ * non-bulk `cp.async` and its groups, `cp.async.mbarrier.arrive.noinc` on a shared-window
+ * address (see `cp_async_mbarrier_arrive`), `setmaxnreg`, `bar.sync` with a thread count,
+ * the predicated `ld.global.nc` pair, `ldmatrix`, `mma.sync`, `cvt.rn.bf16x2.f32` and `wgmma`.
+ * The wrappers keep the architecture guards: a `cuda::ptx` function compiled for a target it
+ * does not support is a link error, and the kernels also compile (empty) below sm_80.
  *
  * `DHISPARSE_SPARSE_ATTENTION_WGMMA` is defined in device passes compiled for sm_90a
  * (`__CUDA_ARCH_FEAT_SM90_ALL`); kernels use `wgmma` there and `mma.sync` elsewhere.
@@ -24,6 +33,8 @@
 #endif
 
 #if defined(__CUDACC__)
+
+#include <cuda/ptx>
 
 namespace dhisparse::sparse_attention::detail {
 
@@ -69,65 +80,55 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void cp_async_wait()
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void fence_proxy_async()
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_WGMMA)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
 #endif
 }
 
-/// Initializes an mbarrier in shared memory expecting `count` arrivals per phase.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_init(std::uint32_t addr, std::uint32_t count)
+/// Initializes the mbarrier `bar` (in shared memory) expecting `count` arrivals per phase.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_init(std::uint64_t* bar, std::uint32_t count)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+  cuda::ptx::mbarrier_init(bar, count);
 #else
-  (void)addr;
+  (void)bar;
   (void)count;
 #endif
 }
 
 /// Arrives on an mbarrier (release semantics for this thread's prior memory accesses).
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive(std::uint32_t addr)
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_arrive(std::uint64_t* bar)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(addr)
-               : "memory");
+  (void)cuda::ptx::mbarrier_arrive(bar);
 #else
-  (void)addr;
+  (void)bar;
 #endif
 }
 
 /// Arrives on an mbarrier once all of this thread's prior `cp.async` copies have completed
-/// (the arrival counts toward the count given at initialization).
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void cp_async_mbarrier_arrive(std::uint32_t addr)
+/// (the arrival counts toward the count given at initialization). Inline PTX: CUDA 13's
+/// `cuda::ptx::cp_async_mbarrier_arrive_noinc` emits the instruction without `.shared`, i.e.
+/// with a shared-window address as a generic one (ptxas then adds a conversion).
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void cp_async_mbarrier_arrive(std::uint64_t* bar)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(addr) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
 #else
-  (void)addr;
+  (void)bar;
 #endif
 }
 
 /// Waits until the phase of the mbarrier with parity `parity` has completed.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_wait(std::uint32_t addr, std::uint32_t parity)
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void mbarrier_wait(std::uint64_t* bar, std::uint32_t parity)
 {
 #if defined(DHISPARSE_SPARSE_ATTENTION_DEVICE_OK)
-  std::uint32_t done = 0;
-  do {
 #if __CUDA_ARCH__ >= 900
-    asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(addr), "r"(parity)
-      : "memory");
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {}
 #else
-    asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(addr), "r"(parity)
-      : "memory");
+  while (!cuda::ptx::mbarrier_test_wait_parity(bar, parity)) {}
 #endif
-  } while (done == 0);
 #else
-  (void)addr;
+  (void)bar;
   (void)parity;
 #endif
 }
