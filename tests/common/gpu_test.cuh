@@ -51,12 +51,14 @@ class device_vector {
   {
     DHISPARSE_EXPECTS(host.size() == size_, "device_vector::upload: size mismatch");
     DHISPARSE_CUDA_TRY(cudaMemcpy(data_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // see fill_bytes
   }
   /// Uploads `host` into the first host.size() elements.
   void upload_prefix(std::vector<T> const& host)
   {
     DHISPARSE_EXPECTS(host.size() <= size_, "device_vector::upload_prefix: too many elements");
     DHISPARSE_CUDA_TRY(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // see fill_bytes
   }
   std::vector<T> download() const
   {
@@ -65,7 +67,14 @@ class device_vector {
     return host;
   }
   /// Fills every byte with `byte` (e.g. 0xFF makes every int32 -1, 0x7F poisons floats).
-  void fill_bytes(int byte) { DHISPARSE_CUDA_TRY(cudaMemset(data_, byte, size_ * sizeof(T))); }
+  /// Done when it returns: a `cudaMemset` (and a pageable `cudaMemcpy`'s DMA) runs on the
+  /// legacy default stream, which work on a `cudaStreamNonBlocking` stream does not wait
+  /// for (finding F17: a graph replayed on such a stream raced the poisoning of its outputs).
+  void fill_bytes(int byte)
+  {
+    DHISPARSE_CUDA_TRY(cudaMemset(data_, byte, size_ * sizeof(T)));
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  }
 
  private:
   T* data_          = nullptr;
