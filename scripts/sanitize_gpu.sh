@@ -23,6 +23,10 @@
 #                                           (default: test_peers_gpu, its fault scenarios):
 #                                           their "cudaErrorMemoryAllocation" API errors are
 #                                           counted apart, not as errors
+#   SANITIZE_INITCHECK_API=yes              initcheck also checks the sources of cudaMemcpy /
+#                                           cudaMemset (default: no — the tests download whole
+#                                           device buffers, rows never written included, to
+#                                           compare them; device-side reads are always checked)
 #   SANITIZE_FIRST=regex                    runs whose "tool test" matches start first (the
 #                                           long ones, so that they end before the others)
 #   SANITIZE_RUN_S=N                        time limit of one run (default: 300)
@@ -77,6 +81,8 @@ fi
 logs=$(realpath -m "${SANITIZE_LOGS:-$build/sanitize-gpu}")
 mkdir -p "$logs"
 start=$SECONDS
+initcheck_api=""
+if "$sanitizer" --help 2>/dev/null | grep -q -- --check-api-memory-access; then initcheck_api=${SANITIZE_INITCHECK_API:-no}; fi
 echo "compute-sanitizer: $("$sanitizer" --version | tail -1); $jobs run(s) at a time; logs in $logs"
 
 # run_one TOOL RUN TEST DIR CMD…: one run; writes its log and "<result>\t<summary>" to <log>.result.
@@ -86,6 +92,7 @@ run_one() {
   local log="$logs/$tool.$run.log" args=(--tool "$tool" --error-exitcode 86) t0=$SECONDS rc=0
   local result summary errors oom=0
   [ "$tool" != memcheck ] || args+=(--leak-check full)
+  [ "$tool" != initcheck ] || [ -z "$initcheck_api" ] || args+=(--check-api-memory-access "$initcheck_api")
   (cd "$dir" && DHISPARSE_TEST_SMALL=1 timeout --kill-after=30 "$run_limit" "$sanitizer" "${args[@]}" "$@") \
     >"$log" 2>&1 || rc=$?
   case $rc in
