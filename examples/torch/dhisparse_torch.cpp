@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
@@ -300,16 +301,16 @@ class Hierarchy : public torch::CustomClassHolder {
   /// int64 [8]: the device counters of `group`, in the order of `counter_names()`.
   at::Tensor counters(int64_t group)
   {
-    static_assert(sizeof(dhisparse::group_counters) == 8 * sizeof(int64_t));
-    return view(h_.counters(to_int(group)), {8}, {1}, at::kLong);
+    constexpr int64_t n = int64_t(std::size(dhisparse::group_counter_names));
+    static_assert(sizeof(dhisparse::group_counters) == n * sizeof(int64_t));
+    return view(h_.counters(to_int(group)), {n}, {1}, at::kLong);
   }
 
   // ---- host reads ------------------------------------------------------------------------
 
   std::vector<std::string> counter_names()
   {
-    return {"selected_rows",  "fetched_rows", "tail_rows",      "evicted_rows",
-            "reclaimed_rows", "reclaims",     "prewarmed_rows", "backed_up_rows"};
+    return {std::begin(dhisparse::group_counter_names), std::end(dhisparse::group_counter_names)};
   }
 
   /// The counters of `group` (synchronizes the current stream), with the bytes they moved.
@@ -319,14 +320,10 @@ class Hierarchy : public torch::CustomClassHolder {
     dhisparse::group_counters const c = h_.read_counters_sync(to_int(group), stream());
     std::size_t const row             = h_.group_row_bytes(to_int(group));
     c10::Dict<std::string, int64_t> d;
-    d.insert("selected_rows", int64_t(c.selected_rows));
-    d.insert("fetched_rows", int64_t(c.fetched_rows));
-    d.insert("tail_rows", int64_t(c.tail_rows));
-    d.insert("evicted_rows", int64_t(c.evicted_rows));
-    d.insert("reclaimed_rows", int64_t(c.reclaimed_rows));
-    d.insert("reclaims", int64_t(c.reclaims));
-    d.insert("prewarmed_rows", int64_t(c.prewarmed_rows));
-    d.insert("backed_up_rows", int64_t(c.backed_up_rows));
+    auto const* value = reinterpret_cast<unsigned long long const*>(&c);  // the fields, in name order
+    for (std::size_t i = 0; i < std::size(dhisparse::group_counter_names); ++i) {
+      d.insert(dhisparse::group_counter_names[i], int64_t(value[i]));
+    }
     d.insert("group_row_bytes", int64_t(row));
     d.insert("h2d_bytes", int64_t(c.h2d_bytes(row)));
     d.insert("d2h_bytes", int64_t(c.d2h_bytes(row)));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 #include <type_traits>
 
 namespace dhisparse {
@@ -46,5 +47,13 @@ struct group_counters {
   }
 };
 static_assert(std::is_trivially_copyable_v<group_counters>);
+
+/// The counters' names in field order, for bindings and monitoring (the struct is an array
+/// of `unsigned long long` in that order).
+inline constexpr char const* group_counter_names[] = {"selected_rows",  "fetched_rows", "tail_rows",
+                                                      "evicted_rows",   "reclaimed_rows", "reclaims",
+                                                      "prewarmed_rows", "backed_up_rows"};
+static_assert(sizeof(group_counters) == std::size(group_counter_names) * sizeof(unsigned long long),
+              "group_counter_names lists every field of group_counters");
 
 }  // namespace dhisparse

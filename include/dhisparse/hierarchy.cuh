@@ -661,6 +661,8 @@ class kv_hierarchy {
   }
 
   /// Tail slots of the last resolve of `group`: device `[max_batch][max_queries]`, -1 = none.
+  /// Valid from `resolve` until `commit` / `commit_verified`, which consume them and set
+  /// them back to -1: the model writes its tail rows in between.
   [[nodiscard]] std::int32_t const* tail_slots(int group) const
   {
     requests_.check_group(group, "tail_slots");
