@@ -26,7 +26,7 @@ namespace dhisparse::detail {
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void launch_dependents()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  cudaTriggerProgrammaticLaunchCompletion();  // griddepcontrol.launch_dependents
 #endif
 }
 
@@ -34,7 +34,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void launch_dependents()
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wait_for_prerequisites()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  cudaGridDependencySynchronize();  // griddepcontrol.wait
 #endif
 }
 

@@ -1,0 +1,590 @@
+/**
+ * @file detail/verify/request_block.cuh
+ * @brief One request walked by one CTA (`request_block`): probes, acceptance along the draft
+ *        chain or tree, residual and bonus sampling, outputs; and `vector_width`.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/philox.hpp>
+#include <dhisparse/detail/verify/cta.cuh>
+#include <dhisparse/detail/verify/fixed_point.hpp>
+#include <dhisparse/detail/verify/row_pass.cuh>
+#include <dhisparse/verify_params.hpp>
+
+#include <cstdint>
+
+namespace dhisparse::detail::verify {
+
+// ---------------------------------------------------------------------------------------
+// The request
+// ---------------------------------------------------------------------------------------
+
+/// Whether a call can use 16-byte loads (every row start 16-byte aligned, V % 4 == 0).
+inline int vector_width(verify_params const& a)
+{
+  layout const l = layout::of(a);
+  auto aligned   = [](void const* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+  bool ok        = a.vocab % 4 == 0;
+  if (a.p) { ok = ok && aligned(a.p) && l.p_row % 4 == 0 && l.p_request % 4 == 0; }
+  if (a.rule == verify_rule::sampling && a.distribution == draft_distribution::dense && a.q) {
+    ok = ok && aligned(a.q) && l.q_row % 4 == 0 && l.q_request % 4 == 0;
+  }
+  return ok ? 4 : 1;
+}
+
+/**
+ * @brief One request, walked by one CTA. Every thread runs the same control flow on
+ *        values read from shared memory after a barrier; shared memory is written by one
+ *        thread between two barriers.
+ */
+template <int Vec>
+class request_block {
+ public:
+  __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b)
+    : a_{a}, l_{l}, sh_{sh}, b_{b}, chunk_len_{chunk_length(a.vocab)},
+      nchunks_{int((a.vocab + chunk_len_ - 1) / chunk_len_)}
+  {
+  }
+
+  __device__ void run()
+  {
+    int const n = a_.num_drafts ? a_.num_drafts[b_] : a_.max_drafts;
+    if (threadIdx.x == 0) { sh_.flags = 0; }
+    __syncthreads();
+    int len = 0;
+    if (n < 0 || n > a_.max_drafts) {
+      if (threadIdx.x == 0) { raise(sh_, verify_status::bad_num_drafts); }
+    } else if (load_structure(n)) {
+      probe(n);
+      if (a_.validate_all) { validate_rows(n); }
+      __syncthreads();
+      bool const valid = sh_.flags == 0;
+      __syncthreads();  // every thread has read the flags before the walk may raise more
+      if (valid) { len = a_.rule == verify_rule::greedy ? walk_greedy() : walk_sampling(); }
+    }
+    __syncthreads();
+    write_outputs(len, sh_.flags, false);
+  }
+
+  /// Outputs of a padding request (index ≥ batch size): empty, status 0.
+  __device__ void write_padding() { write_outputs(0, 0, true); }
+
+ private:
+  __device__ float const* p_row(int m) const { return a_.p + b_ * l_.p_request + m * l_.p_row; }
+  __device__ float const* q_row(int m) const { return a_.q + b_ * l_.q_request + m * l_.q_row; }
+  __device__ std::int64_t candidate_base(int m) const
+  {
+    return (b_ * l_.rows_q + m) * std::int64_t(a_.num_candidates);
+  }
+
+  /// Node tokens and links into shared memory; checks a tree's links. Uniform result.
+  __device__ bool load_structure(int n)
+  {
+    int const d     = a_.max_drafts;
+    bool const tree = a_.topology == draft_topology::tree;
+    for (int m = threadIdx.x; m <= n; m += block_threads) { sh_.refs[m] = 0; }
+    __syncthreads();
+    std::uint32_t f = 0;
+    for (int m = threadIdx.x; m <= n; m += block_threads) {
+      if (tree) {
+        std::int64_t const base = std::int64_t(b_) * (d + 1);
+        auto link               = [&](std::int32_t v) {
+          if (v == -1) { return -1; }
+          if (v <= m || v > d) {
+            f |= verify_status::bad_tree;
+            return -1;
+          }
+          if (v > n) { return -1; }  // pruned by num_drafts
+          atomicAdd(&sh_.refs[v], 1);
+          return int(v);
+        };
+        sh_.first_child[m]  = link(a_.first_child[base + m]);
+        sh_.next_sibling[m] = m > 0 ? link(a_.next_sibling[base + m]) : -1;
+        sh_.token[m]        = m > 0 ? a_.draft_tokens[base + m] : -1;
+        sh_.parent[m]       = -1;
+      } else {
+        sh_.first_child[m]  = m < n ? m + 1 : -1;
+        sh_.next_sibling[m] = -1;
+        sh_.parent[m]       = m - 1;
+        sh_.token[m]        = m > 0 ? a_.draft_tokens[std::int64_t(b_) * d + m - 1] : -1;
+      }
+    }
+    raise(sh_, f);
+    __syncthreads();
+    if (!tree) { return true; }
+    f = 0;
+    for (int m = threadIdx.x + 1; m <= n; m += block_threads) {
+      if (sh_.refs[m] != 1) { f |= verify_status::bad_tree; }
+    }
+    raise(sh_, f);
+    __syncthreads();
+    if (sh_.flags & verify_status::bad_tree) { return false; }
+    for (int m = threadIdx.x; m <= n; m += block_threads) {
+      for (int c = sh_.first_child[m]; c != -1; c = sh_.next_sibling[c]) { sh_.parent[c] = m; }
+    }
+    __syncthreads();
+    return true;
+  }
+
+  /// p and q at every draft token, all nodes at once (the acceptance tests need nothing
+  /// else); token ids are checked here.
+  __device__ void probe(int n)
+  {
+    bool const sampling = a_.rule == verify_rule::sampling;
+    std::uint32_t f     = 0;
+    for (int m = threadIdx.x + 1; m <= n; m += block_threads) {
+      std::int32_t const x = sh_.token[m];
+      if (x < 0 || x >= a_.vocab) {
+        f |= verify_status::bad_draft_token;
+        sh_.node_p[m] = 0;
+        sh_.node_q[m] = 0;
+        continue;
+      }
+      if (!sampling) { continue; }
+      int const par  = sh_.parent[m];
+      float const pv = p_row(par)[x];
+      f |= probability_flags(pv, false);
+      sh_.node_p[m] = to_fixed(pv);
+      if (a_.distribution == draft_distribution::dense) {
+        float const qv = q_row(par)[x];
+        f |= probability_flags(qv, true);
+        std::uint64_t const Q = to_fixed(qv);
+        if (Q == 0) { f |= verify_status::draft_not_in_q; }
+        sh_.node_q[m] = Q;
+      } else if (a_.distribution == draft_distribution::one_hot) {
+        sh_.node_q[m] = fixed_one;
+      }
+    }
+    raise(sh_, f);
+    if (sampling && a_.distribution == draft_distribution::candidates) {
+      int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      int const K    = a_.num_candidates;
+      for (int m = warp + 1; m <= n; m += block_warps) {
+        std::int32_t const x = sh_.token[m];
+        if (x < 0 || x >= a_.vocab) { continue; }
+        std::int64_t const base = candidate_base(sh_.parent[m]);
+        int found               = -1;
+        for (int j0 = 0; j0 < K && found < 0; j0 += 32) {
+          int const j             = j0 + lane;
+          std::int32_t const id   = j < K ? a_.candidate_ids[base + j] : -1;
+          unsigned const matches  = __ballot_sync(0xFFFFFFFFu, id == x);
+          if (matches) { found = j0 + __ffs(int(matches)) - 1; }
+        }
+        if (lane == 0) {
+          std::uint64_t Q   = 0;
+          std::uint32_t fq  = 0;
+          if (found >= 0) {
+            float const qv = a_.candidate_probs[base + found];
+            fq |= probability_flags(qv, true);
+            Q = to_fixed(qv);
+          }
+          if (Q == 0) { fq |= verify_status::draft_not_in_q; }
+          sh_.node_q[m] = Q;
+          raise(sh_, fq);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  /// `validate_all`: every row the request could use, read and checked in full.
+  __device__ void validate_rows(int n)
+  {
+    if (a_.rule == verify_rule::greedy) {
+      if (a_.target_tokens) {
+        std::uint32_t f = 0;
+        for (int m = threadIdx.x; m <= n; m += block_threads) {
+          std::int32_t const t = a_.target_tokens[std::int64_t(b_) * (a_.max_drafts + 1) + m];
+          if (t < 0 || t >= a_.vocab) { f |= verify_status::bad_target_token; }
+        }
+        raise(sh_, f);
+      } else {
+        for (int m = 0; m <= n; ++m) { block_argmax(m); }
+      }
+      return;
+    }
+    for (int m = 0; m <= n; ++m) { check_row(p_row(m), false); }
+    for (int m = 0; m <= n; ++m) {
+      if (sh_.first_child[m] == -1) { continue; }
+      if (a_.distribution == draft_distribution::dense) {
+        check_row(q_row(m), true);
+      } else if (a_.distribution == draft_distribution::candidates) {
+        load_candidates(m, 0);
+        bytes_ += 8ull * std::uint64_t(a_.num_candidates);
+      }
+    }
+  }
+
+  /// Element and mass checks of one p or q row (a pass whose results are dropped).
+  __device__ void check_row(float const* row, bool is_q)
+  {
+    pass_sums const s = row_pass<Vec, false>(sh_, row, nullptr, 0, a_.vocab);
+    std::uint32_t f   = s.flags;
+    if (threadIdx.x == 0) { f |= mass_flags(s, false, a_.sum_tolerance); }
+    raise(sh_, is_q ? f << 3 : f);  // p bits → the matching q bits
+    bytes_ += 4ull * std::uint64_t(a_.vocab);
+  }
+
+  /// Greedy: argmax of a row (largest value, smallest index among ties, NaN skipped).
+  __device__ __noinline__ std::int32_t block_argmax(int row)
+  {
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float const* p = p_row(row);
+    float best     = -__int_as_float(0x7F800000);
+    std::int32_t arg = 0x7FFFFFFF;
+    std::uint32_t f  = 0;
+    auto consider    = [&](float x, std::int32_t i) {
+      if (x != x) {
+        f |= verify_status::p_not_finite;
+      } else if (x > best || (x == best && i < arg)) {
+        best = x;
+        arg  = i;
+      }
+    };
+    constexpr int unroll   = 4;
+    std::int64_t const V   = a_.vocab;
+    std::int64_t const step = std::int64_t(block_threads) * Vec;
+    for (std::int64_t base = std::int64_t(threadIdx.x) * Vec; base < V; base += unroll * step) {
+      float v[unroll][Vec];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) { row_loader<Vec>::load(p, base + u * step, V, v[u]); }
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < Vec; ++e) {
+          std::int64_t const i = base + u * step + e;
+          if (i < V) { consider(v[u][e], std::int32_t(i)); }
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      float const ob        = __shfl_xor_sync(0xFFFFFFFFu, best, off);
+      std::int32_t const oa = __shfl_xor_sync(0xFFFFFFFFu, arg, off);
+      if (ob > best || (ob == best && oa < arg)) {
+        best = ob;
+        arg  = oa;
+      }
+    }
+    if (lane == 0) {
+      sh_.red_f[warp] = best;
+      sh_.red_i[warp] = arg;
+    }
+    raise(sh_, f);
+    __syncthreads();
+    best = sh_.red_f[0];
+    arg  = sh_.red_i[0];
+    for (int w = 1; w < block_warps; ++w) {
+      if (sh_.red_f[w] > best || (sh_.red_f[w] == best && sh_.red_i[w] < arg)) {
+        best = sh_.red_f[w];
+        arg  = sh_.red_i[w];
+      }
+    }
+    __syncthreads();
+    bytes_ += 4ull * std::uint64_t(a_.vocab);
+    return arg == 0x7FFFFFFF ? -1 : arg;
+  }
+
+  __device__ int walk_greedy()
+  {
+    int cur = 0, len = 0;
+    for (;;) {
+      std::int32_t t;
+      if (a_.target_tokens) {
+        t = a_.target_tokens[std::int64_t(b_) * (a_.max_drafts + 1) + cur];
+        if (t < 0 || t >= a_.vocab) {
+          if (threadIdx.x == 0) { raise(sh_, verify_status::bad_target_token); }
+          t = -1;
+        }
+      } else {
+        t = block_argmax(cur);
+      }
+      int c = sh_.first_child[cur];
+      while (c != -1 && sh_.token[c] != t) { c = sh_.next_sibling[c]; }
+      if (threadIdx.x == 0) {
+        sh_.out_tokens[len] = t;
+        if (c != -1 && t >= 0) { sh_.out_nodes[len] = c; }
+      }
+      ++len;
+      if (c == -1 || t < 0) { return len; }
+      cur = c;
+    }
+  }
+
+  /**
+   * @brief Candidate row of node `row` into the patch arrays, checked; each slot's delta
+   *        is P − R_k at its id (what k rejections remove there). Returns the slot count.
+   */
+  __device__ int load_candidates(int row, int k)
+  {
+    int const K             = a_.num_candidates;
+    std::int64_t const base = candidate_base(row);
+    std::uint32_t f         = 0;
+    std::uint64_t qmass     = 0;
+    float qfloat            = 0.f;
+    __syncthreads();  // earlier readers of the patch arrays are done
+    for (int j = threadIdx.x; j < K; j += block_threads) {
+      std::int32_t id = a_.candidate_ids[base + j];
+      std::uint64_t Q = 0, P = 0;
+      if (id != -1 && (id < 0 || id >= a_.vocab)) {
+        f |= verify_status::bad_candidates;
+        id = -1;
+      }
+      if (id != -1) {
+        float const pr = a_.candidate_probs[base + j];
+        f |= probability_flags(pr, true);
+        Q = to_fixed(pr);
+        qmass += Q;
+        qfloat += clamp01(pr);
+        P = to_fixed(p_row(row)[id]);
+      }
+      sh_.patch_id[j] = id;
+      sh_.patch_q[j]  = Q;
+      sh_.patch_p[j]  = P;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < K; j += block_threads) {
+      std::int32_t const id = sh_.patch_id[j];
+      if (id != -1) {
+        for (int i = 0; i < j; ++i) {
+          if (sh_.patch_id[i] == id) { f |= verify_status::bad_candidates; }
+        }
+      }
+      std::uint64_t R = sh_.patch_p[j];
+      for (int s = 0; s < k; ++s) { R = residual_step(R, sh_.mass[s], sh_.patch_q[j]); }
+      sh_.patch_delta[j] = sh_.patch_p[j] - R;
+    }
+    std::uint64_t unused0 = 0, unused1 = 0;
+    block_sum3(sh_, qmass, unused0, unused1);
+    qfloat = block_sum(sh_, qfloat);
+    if (threadIdx.x == 0 && (!(qfloat <= 2.f) || !mass_is_one(qmass, a_.sum_tolerance))) {
+      f |= verify_status::q_not_normalized;
+    }
+    raise(sh_, f);
+    __syncthreads();
+    return K;
+  }
+
+  /**
+   * @brief Mass of R_k over the row of node `row`; leaves the chunk masses of R_k in
+   *        shared memory for `locate`. `removed`: one-hot tokens already in the patch
+   *        arrays (their delta is their whole P).
+   */
+  __device__ std::uint64_t residual_mass(int row, int k, int removed)
+  {
+    bool const dense_q = a_.distribution == draft_distribution::dense && k > 0;
+    bool const cands   = a_.distribution == draft_distribution::candidates && k > 0;
+    patches_           = cands ? load_candidates(row, k) : removed;
+    pass_sums const s  = dense_q ? row_pass<Vec, true>(sh_, p_row(row), q_row(row), k, a_.vocab)
+                                 : row_pass<Vec, false>(sh_, p_row(row), nullptr, 0, a_.vocab);
+    std::uint32_t f    = s.flags;
+    if (threadIdx.x == 0) { f |= mass_flags(s, dense_q, a_.sum_tolerance); }
+    raise(sh_, f);
+    bytes_ += 4ull * std::uint64_t(a_.vocab) * (dense_q ? 2u : 1u) +
+              (cands ? 8ull * std::uint64_t(a_.num_candidates) : 0ull);
+    std::uint64_t total = s.r;
+    if (patches_ > 0) {
+      std::uint64_t removed_mass = 0, unused0 = 0, unused1 = 0;
+      for (int j = threadIdx.x; j < patches_; j += block_threads) {
+        std::int32_t const id    = sh_.patch_id[j];
+        std::uint64_t const dl   = sh_.patch_delta[j];
+        if (id >= 0 && dl > 0) {
+          atomicAdd(reinterpret_cast<unsigned long long*>(&sh_.chunk[id / chunk_len_]),
+                    static_cast<unsigned long long>(0ull - dl));
+          removed_mass += dl;
+        }
+      }
+      block_sum3(sh_, removed_mass, unused0, unused1);
+      total -= removed_mass;
+    }
+    dense_q_ = dense_q;
+    k_       = k;
+    return total;
+  }
+
+  /// R_k at token i of the row of the last `residual_mass` (the chunk re-read).
+  __device__ std::uint64_t residual_element(float const* prow, float const* qrow, std::int64_t i) const
+  {
+    std::uint64_t P = fixed_of(prow[i]);
+    if (dense_q_) { return residual_at(P, fixed_of(qrow[i]), k_, sh_.mass); }
+    for (int j = 0; j < patches_; ++j) {
+      if (sh_.patch_id[j] == i) { P = sub_floor0(P, sh_.patch_delta[j]); }
+    }
+    return P;
+  }
+
+  /// Inverse-CDF sample from the chunk masses of the last `residual_mass`.
+  __device__ std::int32_t locate(int row, std::uint64_t total, std::uint64_t bits)
+  {
+    std::uint64_t const target = sample_target(total, bits);
+    if (threadIdx.x == 0) {
+      sh_.found_chunk = -1;
+      sh_.found_token = -1;
+    }
+    int const per = (nchunks_ + block_threads - 1) / block_threads;
+    int const c0  = min(int(threadIdx.x) * per, nchunks_);
+    int const c1  = min(c0 + per, nchunks_);
+    std::uint64_t local = 0;
+    for (int c = c0; c < c1; ++c) { local += sh_.chunk[c]; }
+    std::uint64_t const before = block_exclusive_scan(sh_, local);
+    if (local > 0 && target >= before && target - before < local) {
+      std::uint64_t acc = before;
+      for (int c = c0; c < c1; ++c) {
+        if (target - acc < sh_.chunk[c]) {
+          sh_.found_chunk  = c;
+          sh_.found_offset = target - acc;
+          break;
+        }
+        acc += sh_.chunk[c];
+      }
+    }
+    __syncthreads();
+    int const chunk = sh_.found_chunk;
+    if (chunk >= 0 && threadIdx.x < 32) {
+      int const lane          = threadIdx.x;
+      float const* prow       = p_row(row);
+      float const* qrow       = dense_q_ ? q_row(row) : nullptr;
+      std::int64_t const span = chunk_len_ / 32;
+      std::int64_t const i0   = min(std::int64_t(chunk) * chunk_len_ + lane * span, std::int64_t(a_.vocab));
+      std::int64_t const i1   = min(i0 + span, std::int64_t(a_.vocab));
+      std::uint64_t sum       = 0;
+      for (std::int64_t i = i0; i < i1; ++i) { sum += residual_element(prow, qrow, i); }
+      std::uint64_t const inclusive = warp_inclusive_scan(sum);
+      std::uint64_t const offset    = sh_.found_offset;
+      std::uint64_t acc             = inclusive - sum;
+      if (sum > 0 && offset >= acc && offset - acc < sum) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+          acc += residual_element(prow, qrow, i);
+          if (acc > offset) {
+            sh_.found_token = std::int32_t(i);
+            break;
+          }
+        }
+      }
+    }
+    __syncthreads();
+    std::int32_t const t = sh_.found_token;
+    if (chunk >= 0) {
+      std::int64_t const len = min(chunk_len_, std::int64_t(a_.vocab) - std::int64_t(chunk) * chunk_len_);
+      bytes_ += std::uint64_t(len) * 4u * (dense_q_ ? 2u : 1u);
+    }
+    if (t < 0 && threadIdx.x == 0) { raise(sh_, verify_status::p_not_normalized); }
+    return t;
+  }
+
+  __device__ int walk_sampling()
+  {
+    std::uint64_t const seed   = a_.rng[0];
+    std::uint64_t const offset = a_.rng[1];
+    bool const one_hot         = a_.distribution == draft_distribution::one_hot;
+    if (threadIdx.x == 0) { sh_.mass[0] = fixed_one; }
+    __syncthreads();
+    std::uint32_t event = 0;
+    int cur = 0, len = 0;
+    for (;;) {
+      int masses = 1, rejected = 0, removed = 0, accepted = -1;
+      std::uint64_t onehot_mass = fixed_one;
+      for (int c = sh_.first_child[cur]; c != -1; c = sh_.next_sibling[c]) {
+        std::int32_t const x  = sh_.token[c];
+        std::uint64_t const P = sh_.node_p[c];
+        std::uint64_t const Q = sh_.node_q[c];
+        std::uint64_t R = P, D;
+        if (one_hot) {
+          for (int j = 0; j < removed; ++j) {
+            if (sh_.patch_id[j] == x) { R = 0; }
+          }
+          D = onehot_mass;
+        } else {
+          if (masses <= rejected) {
+            std::uint64_t const S = residual_mass(cur, rejected, 0);
+            if (threadIdx.x == 0) { sh_.mass[masses] = S; }
+            __syncthreads();
+            ++masses;
+          }
+          for (int s = 0; s < rejected; ++s) { R = residual_step(R, sh_.mass[s], Q); }
+          D = mul_fixed(sh_.mass[rejected], Q);
+        }
+        std::uint64_t const bits = philox_u64(seed, offset, std::uint32_t(b_), event++);
+        if (accepts(R, D, bits)) {
+          accepted = c;
+          break;
+        }
+        ++rejected;
+        if (one_hot && R > 0) {
+          __syncthreads();
+          if (threadIdx.x == 0) {
+            sh_.patch_id[removed]    = x;
+            sh_.patch_delta[removed] = R;
+          }
+          __syncthreads();
+          ++removed;
+          onehot_mass = sub_floor0(onehot_mass, R);
+        }
+      }
+      if (accepted >= 0) {
+        if (threadIdx.x == 0) {
+          sh_.out_tokens[len] = sh_.token[accepted];
+          sh_.out_nodes[len]  = accepted;
+        }
+        ++len;
+        cur = accepted;
+        continue;
+      }
+      // Every child rejected, or a leaf: sample from what is left of p.
+      std::uint64_t const bits = philox_u64(seed, offset, std::uint32_t(b_), event++);
+      int k                    = one_hot ? 0 : rejected;
+      std::uint64_t total      = residual_mass(cur, k, one_hot ? removed : 0);
+      if (total == 0 && patches_ + k > 0) {
+        k     = 0;  // degenerate residual (q covers p up to rounding): sample from p
+        total = residual_mass(cur, 0, 0);
+      }
+      std::int32_t t = -1;
+      if (total == 0) {
+        if (threadIdx.x == 0) { raise(sh_, verify_status::p_not_normalized); }
+      } else {
+        t = locate(cur, total, bits);
+      }
+      if (threadIdx.x == 0) { sh_.out_tokens[len] = t; }
+      return len + 1;
+    }
+  }
+
+  __device__ void write_outputs(int len, std::uint32_t flags, bool padding)
+  {
+    bool const ok       = !padding && flags == 0 && len > 0;
+    int const width     = a_.max_drafts + 1;
+    std::int64_t const b = b_;
+    for (int j = threadIdx.x; j < width; j += block_threads) {
+      a_.emitted[b * width + j] = ok && j < len ? sh_.out_tokens[j] : -1;
+    }
+    if (a_.accepted_nodes) {
+      for (int j = threadIdx.x; j < a_.max_drafts; j += block_threads) {
+        a_.accepted_nodes[b * a_.max_drafts + j] = ok && j < len - 1 ? sh_.out_nodes[j] : -1;
+      }
+    }
+    if (threadIdx.x == 0) {
+      a_.accepted[b]   = ok ? len - 1 : 0;
+      a_.next_token[b] = ok ? sh_.out_tokens[len - 1] : -1;
+      if (a_.request_status) { a_.request_status[b] = flags; }
+      if (flags) { atomicOr(a_.status, flags); }
+      if (ok && a_.bytes_read) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(a_.bytes_read),
+                  static_cast<unsigned long long>(bytes_));
+      }
+    }
+  }
+
+  verify_params const& a_;
+  layout const& l_;
+  shared_state& sh_;
+  int b_;
+  std::int64_t chunk_len_;
+  int nchunks_;
+  int patches_   = 0;
+  int k_         = 0;
+  bool dense_q_  = false;
+  std::uint64_t bytes_ = 0;
+};
+
+}  // namespace dhisparse::detail::verify

@@ -1,0 +1,181 @@
+/**
+ * @file detail/verify/row_pass.cuh
+ * @brief A pass over one vocabulary row of p (and q): element arithmetic in fixed point, the
+ *        streaming loads, the per-chunk masses a sampling search re-reads, and the status
+ *        bits of the row masses.
+ */
+#pragma once
+
+#include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/verify/cta.cuh>
+#include <dhisparse/detail/verify/fixed_point.hpp>
+#include <dhisparse/verify_params.hpp>
+
+#include <cstdint>
+
+namespace dhisparse::detail::verify {
+
+// ---------------------------------------------------------------------------------------
+// Element arithmetic of a pass
+// ---------------------------------------------------------------------------------------
+
+/// An element clamped to [0, 1], NaN → 0 (fmaxf returns the non-NaN operand).
+__device__ __forceinline__ float clamp01(float x) { return fminf(fmaxf(x, 0.f), 1.f); }
+
+/// Fixed point of an element; equals `to_fixed` for every input.
+__device__ __forceinline__ std::uint64_t fixed_of(float x) { return __float2ull_rz(clamp01(x) * 0x1p62f); }
+
+/// Status bits of an element, computed only off the fast path.
+__device__ __forceinline__ std::uint32_t element_flags(float x, bool is_q)
+{
+  return (x >= 0.f && x <= 1.f) ? 0u : probability_flags(x, is_q);
+}
+
+/// R_k at one element: P minus, for each earlier rejection s, S_s·Q (floored at 0).
+__device__ __forceinline__ std::uint64_t residual_at(std::uint64_t P, std::uint64_t Q, int k,
+                                                     std::uint64_t const* mass)
+{
+  if (k == 1) { return sub_floor0(P, Q); }  // S_0 is 1: the chain case, one subtraction
+  for (int s = 0; s < k; ++s) { P = residual_step(P, mass[s], Q); }
+  return P;
+}
+
+/// Accumulators of one pass.
+struct pass_sums {
+  std::uint64_t p = 0, q = 0, r = 0;  ///< fixed-point masses of p, q and R_k
+  float p_float = 0.f, q_float = 0.f;  ///< sums of the same clamped values in fp32: wrap-around guard
+  std::uint32_t flags = 0;
+};
+
+/// Streaming 16-byte / 4-byte loads that do not keep the row in L1 or L2. A 512-element
+/// unit is read in two halves of `loads` vectors per lane (bounded register use).
+template <int Vec>
+struct row_loader;
+
+template <>
+struct row_loader<4> {
+  static constexpr int loads = 2;  // per lane per half unit: 2 × float4
+  __device__ static std::int64_t index(std::int64_t unit, int j, int lane) { return unit + j * 128 + lane * 4; }
+  __device__ static void load(float const* row, std::int64_t i, std::int64_t vocab, float (&v)[4])
+  {
+    if (i < vocab) {
+      float4 const x = __ldcs(reinterpret_cast<float4 const*>(row + i));
+      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    } else {
+      v[0] = v[1] = v[2] = v[3] = 0.f;
+    }
+  }
+};
+
+template <>
+struct row_loader<1> {
+  static constexpr int loads = 8;  // per lane per half unit: 8 scalars
+  __device__ static std::int64_t index(std::int64_t unit, int j, int lane) { return unit + j * 32 + lane; }
+  __device__ static void load(float const* row, std::int64_t i, std::int64_t vocab, float (&v)[1])
+  {
+    v[0] = i < vocab ? __ldcs(row + i) : 0.f;
+  }
+};
+static_assert(2 * row_loader<4>::loads * 4 * 32 == chunk_unit && 2 * row_loader<1>::loads * 32 == chunk_unit);
+
+/**
+ * @brief One pass over a row: the mass of every chunk of R_k into `sh.chunk`, the totals
+ *        of p, q and R_k, and the element status bits (per thread).
+ *
+ * `Mode` 0: R = P (no q read; candidate / one-hot corrections are applied to the chunk
+ * masses afterwards); 1: R = max(0, P − Q), the chain case (k = 1, S_0 = 1); 2: k ≥ 1
+ * rejections at a tree node, R_k by the recursion with the masses in `sh.mass`.
+ * Integer sums wrap (cheaper than saturating); a wrap needs a row mass ≥ 4, which the
+ * fp32 sums of the same clamped values expose (flagged as not normalized, as the host's
+ * saturated mass is), so such a request's outputs are discarded.
+ */
+template <int Vec, int Mode>
+__device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
+                                   std::int64_t vocab)
+{
+  using loader           = row_loader<Vec>;
+  constexpr bool with_q  = Mode != 0;
+  int const lane         = threadIdx.x & 31;
+  int const warp         = threadIdx.x >> 5;
+  std::int64_t const len = chunk_length(vocab);
+  int const nchunks      = int((vocab + len - 1) / len);
+  pass_sums s;
+  for (int c = warp; c < nchunks; c += block_warps) {
+    std::uint64_t csum = 0;
+    for (std::int64_t unit = c * len; unit < (c + 1) * len; unit += chunk_unit) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float pv[loader::loads][Vec];
+        float qv[loader::loads][Vec];
+#pragma unroll
+        for (int j = 0; j < loader::loads; ++j) {
+          std::int64_t const i = loader::index(unit, half * loader::loads + j, lane);
+          loader::load(prow, i, vocab, pv[j]);
+          if constexpr (with_q) { loader::load(qrow, i, vocab, qv[j]); }
+        }
+#pragma unroll
+        for (int j = 0; j < loader::loads; ++j) {
+#pragma unroll
+          for (int e = 0; e < Vec; ++e) {
+            float const x = pv[j][e];
+            s.flags |= element_flags(x, false);
+            float const xc = clamp01(x);
+            s.p_float += xc;
+            std::uint64_t const P = __float2ull_rz(xc * 0x1p62f);
+            s.p += P;
+            std::uint64_t R = P;
+            if constexpr (with_q) {
+              float const y = qv[j][e];
+              s.flags |= element_flags(y, true);
+              float const yc = clamp01(y);
+              s.q_float += yc;
+              std::uint64_t const Q = __float2ull_rz(yc * 0x1p62f);
+              s.q += Q;
+              if constexpr (Mode == 1) {
+                R = sub_floor0(P, Q);
+              } else {
+                for (int r = 0; r < k; ++r) { R = residual_step(R, sh.mass[r], Q); }
+              }
+            }
+            csum += R;
+          }
+        }
+      }
+    }
+    csum = warp_sum(csum);
+    if (lane == 0) { sh.chunk[c] = csum; }
+    s.r += csum;
+  }
+  // After warp_sum every lane holds its warp's R mass; keep lane 0's share only.
+  if (lane != 0) { s.r = 0; }
+  block_sum3(sh, s.p, s.q, s.r);
+  s.p_float = block_sum(sh, s.p_float);
+  if constexpr (with_q) { s.q_float = block_sum(sh, s.q_float); }
+  return s;
+}
+
+/// A pass over p alone (`DenseQ` false) or over p and q with k rejections.
+template <int Vec, bool DenseQ>
+__device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* qrow, int k,
+                              std::int64_t vocab)
+{
+  if constexpr (!DenseQ) {
+    return row_pass_impl<Vec, 0>(sh, prow, qrow, k, vocab);
+  } else {
+    return k == 1 ? row_pass_impl<Vec, 1>(sh, prow, qrow, k, vocab)
+                  : row_pass_impl<Vec, 2>(sh, prow, qrow, k, vocab);
+  }
+}
+
+/// Status bits of a pass's row masses (p, and q when it was read).
+__device__ __forceinline__ std::uint32_t mass_flags(pass_sums const& s, bool with_q, float tolerance)
+{
+  std::uint32_t f = 0;
+  if (!(s.p_float <= 2.f) || !mass_is_one(s.p, tolerance)) { f |= verify_status::p_not_normalized; }
+  if (with_q && (!(s.q_float <= 2.f) || !mass_is_one(s.q, tolerance))) {
+    f |= verify_status::q_not_normalized;
+  }
+  return f;
+}
+
+}  // namespace dhisparse::detail::verify
