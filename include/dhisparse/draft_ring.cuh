@@ -33,6 +33,7 @@
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/memory_resource.cuh>
+#include <dhisparse/status.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -302,7 +303,7 @@ class draft_ring {
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&bits, status_, sizeof bits, cudaMemcpyDeviceToHost, stream));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(status_, 0, sizeof bits, stream));
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    DHISPARSE_EXPECTS(bits == 0, "draft_ring: invalid input: " + describe_draft_ring_status(bits));
+    DHISPARSE_EXPECTS(bits == 0, "draft_ring: invalid input: " + describe_status(bits, status_format::explained));
   }
 
  private:

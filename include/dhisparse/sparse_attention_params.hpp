@@ -12,6 +12,7 @@
 
 #include <dhisparse/error.hpp>
 #include <dhisparse/row_format.cuh>
+#include <dhisparse/status.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -26,11 +27,6 @@ inline constexpr int max_top_k = 1 << 16;
 
 /// Largest number of split-K partitions of one selection.
 inline constexpr int max_splits = 32;
-
-/// Bit set in `*params::status` when a selection entry is neither -1 nor a slot id in
-/// `[0, num_slots)`. The entry is treated as empty. Same bit as the library's status
-/// word (`status_invalid_selection`).
-inline constexpr std::uint32_t status_invalid_slot = 1u << 0;
 
 /**
  * @brief What a row format means to attention: query / value widths and the layout kind.
@@ -124,7 +120,7 @@ struct params {
   float* lse = nullptr;               ///< [batch][num_queries][num_heads], natural log; nullable
   std::int64_t lse_stride_batch = 0;  ///< elements
   std::int64_t lse_stride_query = 0;  ///< elements (heads contiguous)
-  std::uint32_t* status = nullptr;    ///< nullable; `status_invalid_slot` is OR-ed in
+  std::uint32_t* status = nullptr;    ///< nullable; `status_invalid_slot` (status.hpp, bit 10) is OR-ed in
 
   // --- shape ---------------------------------------------------------------------------
   int batch       = 0;  ///< padded batch size B (grid shape)

@@ -57,7 +57,9 @@ struct verified_step {
   /// Optional: [max_batch] the ring index of each batch entry; nullptr: the batch entry
   /// itself. `kv_hierarchy::batch_ref().requests` keeps one ring slot per admitted request.
   std::int32_t const* ring_index = nullptr;
-  /// With a ring: its status word (`draft_ring_status` bits are ORed in).
+  /// With a ring: its status word (`draft_ring_status` bits are ORed in). May be the
+  /// hierarchy's own word (`kv_hierarchy::status()`): the ring's bits (11..16) are apart
+  /// from the hierarchy's (status.hpp).
   std::uint32_t* ring_status = nullptr;
 
   /// The fields verify wrote, taken from its arguments (`accepted`, `accepted_nodes`,

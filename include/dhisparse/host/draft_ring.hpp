@@ -8,6 +8,7 @@
 
 #include <dhisparse/draft_ring_ref.hpp>
 #include <dhisparse/error.hpp>
+#include <dhisparse/status.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -14,6 +14,7 @@
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.hpp>
+#include <dhisparse/status.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -446,7 +447,7 @@ inline void verify(verify_params const& a, on_invalid_input mode = on_invalid_in
     status[b] = detail::verify_request(a, b).validate();
     if (status[b] != 0 && mode == on_invalid_input::throw_error) {
       DHISPARSE_EXPECTS(false, "verify: request " + std::to_string(b) + ": " +
-                                 describe_verify_status(status[b]));
+                                 describe_status(status[b], status_format::explained));
     }
   }
   std::uint64_t const seed   = a.rule == verify_rule::sampling ? a.rng[0] : 0;

@@ -18,6 +18,7 @@
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.cuh>
+#include <dhisparse/status.hpp>
 
 #include <cuda_runtime_api.h>
 
