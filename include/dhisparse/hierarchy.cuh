@@ -582,8 +582,7 @@ class kv_hierarchy {
   void commit_verified(verified_step const& v, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::commit_verified");
-    std::string const problem = detail::verified_step_problem(v);
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(verified_step_problem(v));
     commit_params p = commit_args(nullptr);
     p.mode          = commit_mode::verified;
     p.verified      = v;

@@ -78,9 +78,8 @@ struct verified_step {
 };
 static_assert(std::is_trivially_copyable_v<verified_step>);
 
-namespace detail {
-
-/// Host-side checks of a `verified_step`: a message naming the first bad field, or empty.
+/// Host-side checks of a `verified_step` (what `commit_verified` and `commit_async` check
+/// before enqueuing anything): a message naming the first bad field, or empty.
 inline std::string verified_step_problem(verified_step const& v)
 {
   if (v.accepted == nullptr) { return "commit_verified: accepted is null"; }
@@ -103,5 +102,4 @@ inline std::string verified_step_problem(verified_step const& v)
   return {};
 }
 
-}  // namespace detail
 }  // namespace dhisparse
