@@ -71,6 +71,34 @@ struct draft_ring_ref {
 static_assert(std::is_trivially_copyable_v<draft_ring_ref>);
 
 /**
+ * @brief Checks the shape of a ring: positive window and layers, rows a positive multiple
+ *        of 16 bytes (rows are moved in 16-byte vectors). Returns a message naming the
+ *        argument, or an empty string.
+ */
+inline std::string draft_ring_shape_problem(int capacity, int window, int layers, std::int64_t row_bytes)
+{
+  if (capacity < 0) { return "draft_ring: capacity is negative"; }
+  if (window <= 0) { return "draft_ring: window must be positive"; }
+  if (layers <= 0) { return "draft_ring: layers must be positive"; }
+  if (row_bytes <= 0 || row_bytes % 16 != 0) {
+    return "draft_ring: row_bytes (" + std::to_string(row_bytes) + ") must be a positive multiple of 16";
+  }
+  return {};
+}
+
+/// `draft_ring_shape_problem`, and the view's pointers: present, data 16-byte aligned.
+inline std::string draft_ring_ref_problem(draft_ring_ref const& r)
+{
+  std::string const shape = draft_ring_shape_problem(r.capacity, r.window, r.layers, r.row_bytes);
+  if (!shape.empty()) { return shape; }
+  if (r.capacity > 0 && (r.data == nullptr || r.end == nullptr || r.length == nullptr)) {
+    return "draft_ring: data / end / length are null";
+  }
+  if (reinterpret_cast<std::uintptr_t>(r.data) % 16 != 0) { return "draft_ring: data is not 16-byte aligned"; }
+  return {};
+}
+
+/**
  * @brief Rows to append (a staging buffer the draft model or the target filled), per
  *        request `counts[b]` of them. Strides are in bytes; 0 means packed.
  */
