@@ -202,7 +202,7 @@ inline void check_verify(verify_params const& a)
   std::uint32_t const flag_status         = *a.status;
   if (verbose()) {
     std::fprintf(stderr, "verify(flag): status 0x%x (%s), accepted[0] %d\n", flag_status,
-                 describe_verify_status(flag_status).c_str(), B > 0 ? a.accepted[0] : -1);
+                 describe_status(flag_status).c_str(), B > 0 ? a.accepted[0] : -1);
   }
   // Bits only validation raises (p_not_normalized also comes from degenerate residuals).
   bool const invalid = (flag_status & ~std::uint32_t(verify_status::p_not_normalized)) != 0;

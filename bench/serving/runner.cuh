@@ -262,8 +262,7 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
   ap.row_stride    = h.layer_rows(0, 0).stride;
   ap.out           = out_of_layer(0);
   {
-    std::string const problem = sa::check<fmt>(ap);
-    DHISPARSE_EXPECTS(problem.empty(), "sparse attention: " + problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(sa::params_problem<fmt>(ap));
     std::size_t const ws = sa::workspace_size<fmt>(ap);
     if (ws > db.attn_workspace.size()) {
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
@@ -293,8 +292,7 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     v.emitted         = db.emitted.data();
     v.next_token      = db.next_token.data();
     v.status          = db.verify_status.data();
-    std::string const problem = verify_params_problem(v);
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(v));
     DHISPARSE_EXPECTS(Q - 1 == db.drafts, "speculative run: queries must be 1 + drafts");
   }
 

@@ -343,7 +343,7 @@ std::string status_text(run_result const& r)
   if (r.bench_status & bench_template_exhausted) { s += std::string(s.empty() ? "" : ";") + "template_exhausted"; }
   if (r.bench_status & bench_attention_status) { s += std::string(s.empty() ? "" : ";") + "attention_invalid_slot"; }
   if (r.bench_status & bench_verify_status) { s += std::string(s.empty() ? "" : ";") + "verify_invalid_input"; }
-  if (r.ring_status != 0) { s += std::string(s.empty() ? "" : ";") + "draft_ring:" + std::to_string(r.ring_status); }
+  if (r.ring_status != 0) { s += std::string(s.empty() ? "" : ";") + describe_status(r.ring_status); }
   return s.empty() ? "ok" : s;
 }
 

@@ -15,6 +15,7 @@
  * so drafts are accepted at realistic rates. Drafts are sampled from q (Gumbel-max);
  * candidate q is q restricted to the 32 hot tokens.
  */
+#include <dhisparse/status.hpp>
 #include <dhisparse/verify.cuh>
 
 #include <common/bench.cuh>
@@ -337,8 +338,7 @@ int main(int argc, char** argv)
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes, 0, runs * sizeof(std::uint64_t), stream));
     a.rng                     = rng;  // checked here; each repetition uses its own offset below
     a.bytes_read              = bytes;
-    std::string const problem = verify_params_problem(a);
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
     auto ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
       verify_params r = a;
       r.rng           = rng + 2 * rep;
@@ -348,7 +348,7 @@ int main(int argc, char** argv)
     std::uint32_t bits = 0;
     DHISPARSE_CUDA_TRY(cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost));
     if (bits != 0) {  // the synthetic inputs are valid: a status bit is a bug, reported and skipped
-      std::printf("%-28s status %#x: %s\n", c.name, bits, describe_verify_status(bits).c_str());
+      std::printf("%-28s status %#x: %s\n", c.name, bits, describe_status(bits, status_format::explained).c_str());
       cudaFree(chain_cids);
       cudaFree(chain_cprobs);
       continue;

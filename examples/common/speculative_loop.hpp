@@ -27,6 +27,7 @@
 
 #include "tiny_model.hpp"
 
+#include <dhisparse/status.hpp>
 #include <dhisparse/verified_step.hpp>
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/host/draft_ring.hpp>
@@ -555,13 +556,13 @@ class host_ops {
     v.status         = &status;
     v.request_status = request_status.data();
     dhisparse::host::verify(v, dhisparse::host::on_invalid_input::flag);
-    if (status != 0) { throw dhisparse::error("verify: " + dhisparse::describe_verify_status(status)); }
+    if (status != 0) { throw dhisparse::error("verify: " + dhisparse::describe_status(status, dhisparse::status_format::explained)); }
     dhisparse::verified_step s = dhisparse::verified_step::from(v);
     s.ring        = ring_.ref();
     s.ring_index  = ring_index_.data();
     s.ring_status = ring_.status_word();
     h_.commit_verified(s);
-    if (ring_.status() != 0) { throw dhisparse::error("draft ring: " + dhisparse::describe_draft_ring_status(ring_.status())); }
+    if (ring_.status() != 0) { throw dhisparse::error("draft ring: " + dhisparse::describe_status(ring_.status(), dhisparse::status_format::explained)); }
     out.committed.assign(h_.committed_rows(), h_.committed_rows() + B);
     out.commit_status.assign(h_.commit_status(), h_.commit_status() + B);
     return out;

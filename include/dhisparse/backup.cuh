@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 
@@ -35,8 +36,13 @@ struct backup_params {
 /**
  * @brief Enqueues the backup of every group's dirty rows on `stream`.
  * @param blocks blocks per group (0: a default)
+ * @return cudaErrorInvalidValue (nothing enqueued) when `backup_params_problem` reports a
+ *         problem, else the launch status
  */
 cudaError_t backup_async(backup_params const& params, int blocks, cudaStream_t stream);
+
+/// The arguments `backup_async` checks: a message naming the first bad one, or empty.
+std::string backup_params_problem(backup_params const& params);
 
 }  // namespace dhisparse
 

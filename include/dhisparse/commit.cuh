@@ -46,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 
@@ -74,9 +75,13 @@ struct commit_params {
   std::uint32_t* request_status;  ///< optional out [max_batch]: the bits raised per entry
 };
 
-/// Enqueues the commit of a step on `stream`. Returns the launch status
-/// (`cudaErrorInvalidValue` for bad shapes or a verified commit without `verified.accepted`).
+/// Enqueues the commit of a step on `stream`. Returns `cudaErrorInvalidValue` (nothing
+/// enqueued) when `commit_params_problem` reports a problem, else the launch status.
 cudaError_t commit_async(commit_params const& params, cudaStream_t stream);
+
+/// The arguments `commit_async` checks (shapes; a verified commit: `verified_step_problem`
+/// and the step's tree): a message naming the first bad one, or empty.
+std::string commit_params_problem(commit_params const& params);
 
 }  // namespace dhisparse
 

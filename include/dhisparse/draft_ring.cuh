@@ -33,6 +33,7 @@
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/memory_resource.cuh>
+#include <dhisparse/status.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -43,31 +44,75 @@
 
 namespace dhisparse {
 
-/**
- * @brief Checks the shape of a ring: positive window and layers, rows a positive multiple
- *        of 16 bytes (rows are moved in 16-byte vectors). Returns a message naming the
- *        argument, or an empty string.
- */
-inline std::string draft_ring_shape_problem(int capacity, int window, int layers, std::int64_t row_bytes)
+namespace detail::draft_ring {
+/// The checks every operation makes: the view, and its status word.
+inline std::string operation_problem(draft_ring_ref const& ring, std::uint32_t const* status)
 {
-  if (capacity < 0) { return "draft_ring: capacity is negative"; }
-  if (window <= 0) { return "draft_ring: window must be positive"; }
-  if (layers <= 0) { return "draft_ring: layers must be positive"; }
-  if (row_bytes <= 0 || row_bytes % 16 != 0) {
-    return "draft_ring: row_bytes (" + std::to_string(row_bytes) + ") must be a positive multiple of 16";
+  std::string problem = draft_ring_ref_problem(ring);
+  if (problem.empty() && status == nullptr) { problem = "draft_ring: status is null"; }
+  return problem;
+}
+}  // namespace detail::draft_ring
+
+/// The arguments `draft_ring_append_async` checks: a message naming the first bad one, or empty.
+inline std::string draft_ring_append_problem(draft_ring_ref const& ring, draft_ring_rows const& rows,
+                                             std::int32_t const* counts, int max_count, std::uint32_t const* status)
+{
+  std::string const problem = detail::draft_ring::operation_problem(ring, status);
+  if (!problem.empty()) { return problem; }
+  if (counts == nullptr) { return "draft_ring: counts is null"; }
+  if (max_count < 0) { return "draft_ring: max_count is negative"; }
+  if (max_count > 0 && rows.rows == nullptr) { return "draft_ring: rows (the staging buffer) is null"; }
+  auto const l = detail::draft_ring::rows_layout::of(rows, ring, max_count);
+  if (reinterpret_cast<std::uintptr_t>(rows.rows) % 16 != 0 || l.layer % 16 != 0 || l.position % 16 != 0 ||
+      l.request % 16 != 0) {
+    return "draft_ring: rows (the staging buffer) or its strides are not multiples of 16 bytes";
   }
   return {};
 }
 
-/// `draft_ring_shape_problem`, and the view's pointers: present, data 16-byte aligned.
-inline std::string draft_ring_ref_problem(draft_ring_ref const& r)
+/// The arguments `draft_ring_advance_async` checks: a message naming the first bad one, or empty.
+inline std::string draft_ring_advance_problem(draft_ring_ref const& ring, std::int32_t const* counts, int max_count,
+                                              std::uint32_t const* status)
 {
-  std::string const shape = draft_ring_shape_problem(r.capacity, r.window, r.layers, r.row_bytes);
-  if (!shape.empty()) { return shape; }
-  if (r.capacity > 0 && (r.data == nullptr || r.end == nullptr || r.length == nullptr)) {
-    return "draft_ring: data / end / length are null";
-  }
-  if (reinterpret_cast<std::uintptr_t>(r.data) % 16 != 0) { return "draft_ring: data is not 16-byte aligned"; }
+  std::string const problem = detail::draft_ring::operation_problem(ring, status);
+  if (!problem.empty()) { return problem; }
+  if (counts == nullptr) { return "draft_ring: counts is null"; }
+  if (max_count < 0) { return "draft_ring: max_count is negative"; }
+  return {};
+}
+
+/// The arguments `draft_ring_rollback_async` checks: a message naming the first bad one, or empty.
+inline std::string draft_ring_rollback_problem(draft_ring_ref const& ring, std::int32_t const* drafted,
+                                               std::uint32_t const* status)
+{
+  std::string const problem = detail::draft_ring::operation_problem(ring, status);
+  if (!problem.empty()) { return problem; }
+  if (drafted == nullptr) { return "draft_ring: drafted is null"; }
+  return {};
+}
+
+/// The arguments `draft_ring_keep_async` checks: a message naming the first bad one, or empty.
+inline std::string draft_ring_keep_problem(draft_ring_ref const& ring, std::int32_t const* drafted,
+                                           std::int32_t const* nodes, int nodes_stride, int entries,
+                                           std::uint32_t const* status)
+{
+  std::string const problem = detail::draft_ring::operation_problem(ring, status);
+  if (!problem.empty()) { return problem; }
+  if (drafted == nullptr) { return "draft_ring: drafted is null"; }
+  if (entries < 0) { return "draft_ring: entries is negative"; }
+  if (nodes != nullptr && nodes_stride < 0) { return "draft_ring: nodes_stride is negative"; }
+  return {};
+}
+
+/// The arguments `draft_ring_reset_async` checks: a message naming the first bad one, or empty.
+inline std::string draft_ring_reset_problem(draft_ring_ref const& ring, std::int32_t const* requests, int count,
+                                            std::uint32_t const* status)
+{
+  std::string const problem = detail::draft_ring::operation_problem(ring, status);
+  if (!problem.empty()) { return problem; }
+  if (count < 0) { return "draft_ring: count is negative"; }
+  if (count > 0 && requests == nullptr) { return "draft_ring: requests is null"; }
   return {};
 }
 
@@ -84,7 +129,8 @@ inline std::string draft_ring_ref_problem(draft_ring_ref const& r)
  * @param batch_size device `[1]` or nullptr: requests ≥ it are skipped
  * @param status device word: ORed with `draft_ring_status` bits
  * @param stream the stream to run on
- * @return `cudaErrorInvalidValue` on a bad view or arguments, else the launch status
+ * @return `cudaErrorInvalidValue` (nothing enqueued) when `draft_ring_append_problem` reports
+ *         a problem, else the launch status
  */
 inline cudaError_t draft_ring_append_async(draft_ring_ref const& ring, draft_ring_rows const& rows,
                                     std::int32_t const* counts, int max_count,
@@ -100,6 +146,8 @@ inline cudaError_t draft_ring_append_async(draft_ring_ref const& ring, draft_rin
  * @param batch_size device `[1]` or nullptr
  * @param status device word: ORed with `draft_ring_status` bits
  * @param stream the stream to run on
+ * @return `cudaErrorInvalidValue` (nothing enqueued) when `draft_ring_advance_problem`
+ *         reports a problem, else the launch status
  */
 inline cudaError_t draft_ring_advance_async(draft_ring_ref const& ring, std::int32_t const* counts, int max_count,
                                      std::int32_t const* batch_size, std::uint32_t* status,
@@ -116,6 +164,8 @@ inline cudaError_t draft_ring_advance_async(draft_ring_ref const& ring, std::int
  * @param batch_size device `[1]` or nullptr
  * @param status device word: ORed with `draft_ring_status` bits
  * @param stream the stream to run on
+ * @return `cudaErrorInvalidValue` (nothing enqueued) when `draft_ring_rollback_problem`
+ *         reports a problem, else the launch status
  */
 inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::int32_t const* drafted,
                                       std::int32_t const* accepted, std::int32_t const* batch_size,
@@ -144,6 +194,8 @@ inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::in
  * @param status device word: ORed with `draft_ring_status` bits (`bad_count`, `bad_path` and
  *        `bad_request` skip that entry)
  * @param stream the stream to run on
+ * @return `cudaErrorInvalidValue` (nothing enqueued) when `draft_ring_keep_problem` reports
+ *         a problem, else the launch status
  */
 inline cudaError_t draft_ring_keep_async(draft_ring_ref const& ring, std::int32_t const* drafted,
                                          std::int32_t const* kept, std::int32_t const* nodes, int nodes_stride,
@@ -161,6 +213,8 @@ inline cudaError_t draft_ring_keep_async(draft_ring_ref const& ring, std::int32_
  * @param count entries (host value)
  * @param status device word: ORed with `draft_ring_status` bits
  * @param stream the stream to run on
+ * @return `cudaErrorInvalidValue` (nothing enqueued) when `draft_ring_reset_problem` reports
+ *         a problem, else the launch status
  */
 inline cudaError_t draft_ring_reset_async(draft_ring_ref const& ring, std::int32_t const* requests,
                                    std::int64_t const* start, int count, std::uint32_t* status,
@@ -211,7 +265,7 @@ class draft_ring {
     if (problem.empty() && reinterpret_cast<std::uintptr_t>(rows) % 16 != 0) {
       problem = "draft_ring: rows (caller memory) is not 16-byte aligned";
     }
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(problem);
     device_memory_resource& device = detail::device_resource(resources);
     meta_ = detail::device_array<std::byte>(meta_bytes(capacity), device, nullptr);
     if (rows == nullptr && capacity > 0) {
@@ -236,8 +290,7 @@ class draft_ring {
   static memory_footprint bytes_required(int capacity, int window, int layers, std::size_t row_bytes,
                                          bool caller_rows)
   {
-    std::string const problem = draft_ring_shape_problem(capacity, window, layers, std::int64_t(row_bytes));
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_shape_problem(capacity, window, layers, std::int64_t(row_bytes)));
     memory_footprint f{};
     f.device_bytes = meta_bytes(capacity);
     if (!caller_rows && capacity > 0) { f.device_bytes += rows_bytes(capacity, window, layers, row_bytes); }
@@ -264,34 +317,39 @@ class draft_ring {
     return std::size_t(ref_.data_bytes()) + std::size_t(ref_.capacity) * 12 + 16;
   }
 
-  /// `draft_ring_append_async` on this ring; throws on a bad argument.
+  /// `draft_ring_append_async` on this ring; throws naming a bad argument.
   void append_async(draft_ring_rows const& rows, std::int32_t const* counts, int max_count,
                     std::int32_t const* batch_size, cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_append_problem(ref_, rows, counts, max_count, status_));
     DHISPARSE_CUDA_TRY(draft_ring_append_async(ref_, rows, counts, max_count, batch_size, status_, stream));
   }
-  /// `draft_ring_advance_async` on this ring; throws on a bad argument.
+  /// `draft_ring_advance_async` on this ring; throws naming a bad argument.
   void advance_async(std::int32_t const* counts, int max_count, std::int32_t const* batch_size,
                      cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_advance_problem(ref_, counts, max_count, status_));
     DHISPARSE_CUDA_TRY(draft_ring_advance_async(ref_, counts, max_count, batch_size, status_, stream));
   }
-  /// `draft_ring_rollback_async` on this ring; throws on a bad argument.
+  /// `draft_ring_rollback_async` on this ring; throws naming a bad argument.
   void rollback_async(std::int32_t const* drafted, std::int32_t const* accepted, std::int32_t const* batch_size,
                       cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_rollback_problem(ref_, drafted, status_));
     DHISPARSE_CUDA_TRY(draft_ring_rollback_async(ref_, drafted, accepted, batch_size, status_, stream));
   }
-  /// `draft_ring_keep_async` on this ring; throws on a bad argument.
+  /// `draft_ring_keep_async` on this ring; throws naming a bad argument.
   void keep_async(std::int32_t const* drafted, std::int32_t const* kept, std::int32_t const* nodes, int nodes_stride,
                   std::int32_t const* ring_index, int entries, std::int32_t const* batch_size, cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_keep_problem(ref_, drafted, nodes, nodes_stride, entries, status_));
     DHISPARSE_CUDA_TRY(draft_ring_keep_async(ref_, drafted, kept, nodes, nodes_stride, ring_index, entries,
                                              batch_size, status_, stream));
   }
-  /// `draft_ring_reset_async` on this ring; throws on a bad argument.
+  /// `draft_ring_reset_async` on this ring; throws naming a bad argument.
   void reset_async(std::int32_t const* requests, std::int64_t const* start, int count, cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_reset_problem(ref_, requests, count, status_));
     DHISPARSE_CUDA_TRY(draft_ring_reset_async(ref_, requests, start, count, status_, stream));
   }
 
@@ -305,7 +363,7 @@ class draft_ring {
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&bits, status_, sizeof bits, cudaMemcpyDeviceToHost, stream));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(status_, 0, sizeof bits, stream));
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    DHISPARSE_EXPECTS(bits == 0, "draft_ring: invalid input: " + describe_draft_ring_status(bits));
+    DHISPARSE_EXPECTS(bits == 0, "draft_ring: invalid input: " + describe_status(bits, status_format::explained));
   }
 
  private:
@@ -334,13 +392,9 @@ inline cudaError_t draft_ring_append_async(draft_ring_ref const& ring, draft_rin
                                            std::int32_t const* batch_size, std::uint32_t* status,
                                            cudaStream_t stream)
 {
-  auto const l   = detail::draft_ring::rows_layout::of(rows, ring, max_count);
-  bool const bad = !draft_ring_ref_problem(ring).empty() || counts == nullptr || status == nullptr ||
-                   max_count < 0 || (max_count > 0 && rows.rows == nullptr) ||
-                   reinterpret_cast<std::uintptr_t>(rows.rows) % 16 != 0 || l.layer % 16 != 0 ||
-                   l.position % 16 != 0 || l.request % 16 != 0;
-  if (bad) { return cudaErrorInvalidValue; }
+  if (!draft_ring_append_problem(ring, rows, counts, max_count, status).empty()) { return cudaErrorInvalidValue; }
   if (ring.capacity == 0) { return cudaSuccess; }
+  auto const l = detail::draft_ring::rows_layout::of(rows, ring, max_count);
   detail::draft_ring::append_kernel<0><<<ring.capacity, detail::draft_ring::copy_threads, 0, stream>>>(
     ring, rows, l, counts, max_count, batch_size, status);
   return detail::check_launch(stream);
@@ -350,9 +404,7 @@ inline cudaError_t draft_ring_advance_async(draft_ring_ref const& ring, std::int
                                             std::int32_t const* batch_size, std::uint32_t* status,
                                             cudaStream_t stream)
 {
-  if (!draft_ring_ref_problem(ring).empty() || counts == nullptr || status == nullptr || max_count < 0) {
-    return cudaErrorInvalidValue;
-  }
+  if (!draft_ring_advance_problem(ring, counts, max_count, status).empty()) { return cudaErrorInvalidValue; }
   if (ring.capacity == 0) { return cudaSuccess; }
   int const t = detail::draft_ring::meta_threads;
   detail::draft_ring::advance_kernel<0><<<(ring.capacity + t - 1) / t, t, 0, stream>>>(ring, counts, max_count,
@@ -364,9 +416,7 @@ inline cudaError_t draft_ring_rollback_async(draft_ring_ref const& ring, std::in
                                              std::int32_t const* accepted, std::int32_t const* batch_size,
                                              std::uint32_t* status, cudaStream_t stream)
 {
-  if (!draft_ring_ref_problem(ring).empty() || drafted == nullptr || status == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  if (!draft_ring_rollback_problem(ring, drafted, status).empty()) { return cudaErrorInvalidValue; }
   if (ring.capacity == 0) { return cudaSuccess; }
   int const t = detail::draft_ring::meta_threads;
   detail::draft_ring::rollback_kernel<0><<<(ring.capacity + t - 1) / t, t, 0, stream>>>(ring, drafted, accepted,
@@ -380,8 +430,7 @@ inline cudaError_t draft_ring_keep_async(draft_ring_ref const& ring, std::int32_
                                          std::int32_t const* batch_size, std::uint32_t* status,
                                          cudaStream_t stream)
 {
-  if (!draft_ring_ref_problem(ring).empty() || drafted == nullptr || status == nullptr || entries < 0 ||
-      (nodes != nullptr && nodes_stride < 0)) {
+  if (!draft_ring_keep_problem(ring, drafted, nodes, nodes_stride, entries, status).empty()) {
     return cudaErrorInvalidValue;
   }
   if (entries == 0 || ring.capacity == 0) { return cudaSuccess; }
@@ -394,10 +443,7 @@ inline cudaError_t draft_ring_reset_async(draft_ring_ref const& ring, std::int32
                                           std::int64_t const* start, int count, std::uint32_t* status,
                                           cudaStream_t stream)
 {
-  if (!draft_ring_ref_problem(ring).empty() || count < 0 || (count > 0 && requests == nullptr) ||
-      status == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  if (!draft_ring_reset_problem(ring, requests, count, status).empty()) { return cudaErrorInvalidValue; }
   if (count == 0) { return cudaSuccess; }
   int const t = detail::draft_ring::meta_threads;
   detail::draft_ring::reset_kernel<0><<<(count + t - 1) / t, t, 0, stream>>>(ring, requests, start, count, status);

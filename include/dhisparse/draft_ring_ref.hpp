@@ -1,8 +1,9 @@
 /**
  * @file draft_ring_ref.hpp
- * @brief The view of a draft ring and its status bits, shared by the CUDA kernels
- *        (`dhisparse/draft_ring.cuh`) and the host reference (`dhisparse/host/draft_ring.hpp`),
- *        so it is plain C++. The types are public (namespace `dhisparse`).
+ * @brief The view of a draft ring, shared by the CUDA kernels (`dhisparse/draft_ring.cuh`)
+ *        and the host reference (`dhisparse/host/draft_ring.hpp`), so it is plain C++. The
+ *        types are public (namespace `dhisparse`); the ring's status bits,
+ *        `draft_ring_status`, are in status.hpp.
  */
 #pragma once
 
@@ -15,36 +16,6 @@
 #include <type_traits>
 
 namespace dhisparse {
-
-/// Bits of a draft ring's status word; each names the argument at fault.
-struct draft_ring_status {
-  enum : std::uint32_t {
-    ok                   = 0,
-    bad_batch_size       = 1u << 0,  ///< `*batch_size` outside [0, capacity] (clamped)
-    bad_count            = 1u << 1,  ///< a count outside [0, max_count], or a rollback before position 0 (skipped)
-    rollback_past_window = 1u << 2,  ///< a rollback longer than the rows held: older rows were already overwritten
-    bad_request          = 1u << 3,  ///< a reset names a request outside [0, capacity) (skipped)
-    bad_start            = 1u << 4,  ///< a reset to a negative start position (skipped)
-    bad_path             = 1u << 5,  ///< a keep's nodes are not increasing within [1, drafted], or
-                                     ///< are more than their row holds (skipped)
-  };
-};
-
-/// Human-readable description of a draft ring status word (empty for `ok`).
-inline std::string describe_draft_ring_status(std::uint32_t bits)
-{
-  static constexpr detail::status_text table[] = {
-    {draft_ring_status::bad_batch_size, "batch_size: *batch_size is outside [0, capacity]"},
-    {draft_ring_status::bad_count,
-     "counts: a count is outside [0, max_count] (rollback: drafted < accepted, or before position 0)"},
-    {draft_ring_status::rollback_past_window,
-     "drafted/accepted: a rollback removed more rows than the ring held (older rows were overwritten)"},
-    {draft_ring_status::bad_request, "requests / ring_index: a request index is outside [0, capacity)"},
-    {draft_ring_status::bad_start, "start: a negative start position"},
-    {draft_ring_status::bad_path, "nodes: the kept nodes are not increasing within [1, drafted], or exceed their row"},
-  };
-  return detail::join_set_bits(bits, table, "; ");
-}
 
 /**
  * @brief Non-owning view of a draft ring: per request a window of `window` slots, each
@@ -98,6 +69,34 @@ struct draft_ring_ref {
   }
 };
 static_assert(std::is_trivially_copyable_v<draft_ring_ref>);
+
+/**
+ * @brief Checks the shape of a ring: positive window and layers, rows a positive multiple
+ *        of 16 bytes (rows are moved in 16-byte vectors). Returns a message naming the
+ *        argument, or an empty string.
+ */
+inline std::string draft_ring_shape_problem(int capacity, int window, int layers, std::int64_t row_bytes)
+{
+  if (capacity < 0) { return "draft_ring: capacity is negative"; }
+  if (window <= 0) { return "draft_ring: window must be positive"; }
+  if (layers <= 0) { return "draft_ring: layers must be positive"; }
+  if (row_bytes <= 0 || row_bytes % 16 != 0) {
+    return "draft_ring: row_bytes (" + std::to_string(row_bytes) + ") must be a positive multiple of 16";
+  }
+  return {};
+}
+
+/// `draft_ring_shape_problem`, and the view's pointers: present, data 16-byte aligned.
+inline std::string draft_ring_ref_problem(draft_ring_ref const& r)
+{
+  std::string const shape = draft_ring_shape_problem(r.capacity, r.window, r.layers, r.row_bytes);
+  if (!shape.empty()) { return shape; }
+  if (r.capacity > 0 && (r.data == nullptr || r.end == nullptr || r.length == nullptr)) {
+    return "draft_ring: data / end / length are null";
+  }
+  if (reinterpret_cast<std::uintptr_t>(r.data) % 16 != 0) { return "draft_ring: data is not 16-byte aligned"; }
+  return {};
+}
 
 /**
  * @brief Rows to append (a staging buffer the draft model or the target filled), per

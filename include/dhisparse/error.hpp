@@ -1,6 +1,17 @@
 /**
  * @file error.hpp
- * @brief The library's exception type and argument-check macro (plain C++).
+ * @brief The library's exception type and argument-check macros (plain C++).
+ *
+ * One argument-check style (docs/integration.md, "Errors"):
+ * - An argument struct or argument list that a launch-level function (`…_async`, `run`:
+ *   they return `cudaError_t` and never throw) checks has one check function,
+ *   `<name>_problem(…)`, returning `std::string`: empty when the arguments are valid, else
+ *   `"<component>: <argument> …"` naming the first bad argument. The launch-level function
+ *   returns `cudaErrorInvalidValue` when it reports anything (nothing is enqueued); a caller
+ *   calls it for the message.
+ * - Owning objects and host-side calls throw `dhisparse::error`:
+ *   `DHISPARSE_EXPECTS_NO_PROBLEM(<name>_problem(…))` for such a check, and
+ *   `DHISPARSE_EXPECTS(condition, message)` for a condition of their own.
  */
 #pragma once
 
@@ -40,4 +51,16 @@ namespace detail {
     if (!(condition)) {                                                        \
       ::dhisparse::detail::throw_error(__FILE__, __LINE__, std::string(message)); \
     }                                                                          \
+  } while (0)
+
+/**
+ * @brief Throws `dhisparse::error` with the message of a `…_problem` check unless it is
+ *        empty, e.g. `DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a))`.
+ */
+#define DHISPARSE_EXPECTS_NO_PROBLEM(problem)                                      \
+  do {                                                                             \
+    std::string const dhisparse_problem_ = (problem);                              \
+    if (!dhisparse_problem_.empty()) {                                             \
+      ::dhisparse::detail::throw_error(__FILE__, __LINE__, dhisparse_problem_);    \
+    }                                                                              \
   } while (0)

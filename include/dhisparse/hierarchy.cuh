@@ -617,8 +617,7 @@ class kv_hierarchy {
   void commit_verified(verified_step const& v, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::commit_verified");
-    std::string const problem = detail::verified_step_problem(v);
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(verified_step_problem(v));
     commit_params p = commit_args(nullptr);
     p.mode          = commit_mode::verified;
     p.verified      = v;
@@ -685,7 +684,8 @@ class kv_hierarchy {
    *        that resolve. The engine adds `queries`, `out`, `lse` and their strides (e.g.
    *        `sparse_attention::set_contiguous_strides<fmt>(p)`, which leaves the slot strides
    *        as they are), `num_heads` and `softmax_scale`; `status` stays null (set it to
-   *        `status()` to have invalid slots flagged in the hierarchy's word). A query
+   *        `status()` to have invalid slots flagged in the hierarchy's word, as attention's
+   *        own bit `sparse_attention::status_invalid_slot`). A query
    *        beyond an entry's Q_b has an empty selection (out 0, lse -inf); an entry that
    *        left the step (released mid-step) has stale rows: ignore its outputs. Valid
    *        until the next resolve of a group of the same parity. Host only, no launch.
@@ -768,6 +768,9 @@ class kv_hierarchy {
   // ------------------------------------------------------------------------------------
 
   /// Device address of the status word (see status.hpp), e.g. to copy it asynchronously.
+  /// It holds the hierarchy's bits (`status_mask_hierarchy`); attention and a draft ring
+  /// kept by `commit_verified` may OR their own bits into it too (`params::status`,
+  /// `verified_step::ring_status`).
   [[nodiscard]] std::uint32_t* status() const noexcept { return status_.data(); }
 
   /// Reads the status word; synchronizes `stream`.

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace dhisparse {
@@ -70,6 +71,11 @@ reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, s
  */
 template <class Eviction>
 cudaError_t reclaim_async(reclaim_params const& params, cudaStream_t stream);
+
+/// The arguments `reclaim_async` checks (an order, the scratch, enough segments for a fair
+/// share): a message naming the first bad one, or empty. `reclaim_async` returns
+/// `cudaErrorInvalidValue` (nothing enqueued) when it reports a problem.
+std::string reclaim_params_problem(reclaim_params const& params);
 
 }  // namespace dhisparse
 

@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace dhisparse {
@@ -65,11 +66,15 @@ static_assert(std::is_trivially_copyable_v<release_params>);
 
 /**
  * @brief Enqueues the release of one request on `stream` (see the file comment).
- * @return `cudaErrorInvalidValue` (nothing enqueued) for null pools, no groups, a negative
- *         request, or a step to leave without its batch, tail-slot or position arrays;
- *         the launch status otherwise
+ * @return `cudaErrorInvalidValue` (nothing enqueued) when `release_params_problem` reports a
+ *         problem; the launch status otherwise
  */
 cudaError_t release_async(release_params const& params, cudaStream_t stream);
+
+/// The arguments `release_async` checks (null pools, no groups, a negative request or slot
+/// count, a step to leave without its batch, tail-slot or position arrays or its shape): a
+/// message naming the first bad one, or empty.
+std::string release_params_problem(release_params const& params);
 
 }  // namespace dhisparse
 

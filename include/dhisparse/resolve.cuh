@@ -50,6 +50,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 
@@ -97,12 +98,18 @@ std::size_t resolve_workspace_size(int max_batch, int max_queries, int top_k, in
  * @param workspace at least `resolve_workspace_size(…)` bytes of device memory, 256-byte
  *                  aligned, all zero before its first use (every resolve leaves it so);
  *                  may be reused by the next resolve on the same stream
- * @return cudaErrorInvalidValue for bad shapes (Qmax × K above 16384, too small a
- *         workspace or plan), else the launch status
+ * @return cudaErrorInvalidValue (nothing enqueued) when `resolve_params_problem` reports a
+ *         problem (bad shapes, Qmax × K above 16384, too small a workspace or plan, a field
+ *         the policies need left null), else the launch status
  */
 template <class Eviction, class Budget>
 cudaError_t resolve_async(resolve_params const& params, void* workspace, std::size_t workspace_bytes,
                           cudaStream_t stream);
+
+/// The arguments `resolve_async<Eviction, Budget>` checks: a message naming the first bad
+/// one, or empty.
+template <class Eviction, class Budget>
+std::string resolve_params_problem(resolve_params const& params, std::size_t workspace_bytes);
 
 }  // namespace dhisparse
 

@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 
@@ -60,10 +61,14 @@ struct retrieve_params {
  * the device for that kernel (e.g. resolve's allocate or `order_plan_async`) to complete.
  * @param blocks grid size (0: a default that fills the device); the plan's length is read
  *               on device, so the launch shape does not depend on it
- * @return cudaErrorInvalidValue for misaligned byte ranges or an unsupported
- *         `lanes_per_row`, else the launch status
+ * @return cudaErrorInvalidValue (nothing enqueued) when `retrieve_params_problem` reports a
+ *         problem, else the launch status
  */
 cudaError_t retrieve_async(retrieve_params const& params, int blocks, cudaStream_t stream);
+
+/// The arguments `retrieve_async` checks (byte ranges multiples of 16 and within the group
+/// row, a supported `lanes_per_row`): a message naming the first bad one, or empty.
+std::string retrieve_params_problem(retrieve_params const& params);
 
 /// Arguments of `order_plan_async`: which plan, and the host address range it reads.
 struct plan_order_params {
@@ -92,16 +97,23 @@ std::size_t order_plan_workspace_size(std::size_t host_bytes, std::int32_t capac
  * the same slots in another order). Entries outside `[host_base, host_base + host_bytes)`
  * (or null) go last; a bucket of more than 4096 entries keeps its entries in arrival order
  * (possible only with duplicate or 16-byte rows).
- * @return cudaErrorInvalidValue for a null plan, a null or too small workspace, an empty
- *         host range; else the launch status
+ * @return cudaErrorInvalidValue (nothing enqueued) when `plan_order_problem` reports a
+ *         problem; else the launch status
  */
 cudaError_t order_plan_async(plan_order_params const& params, void* workspace, std::size_t workspace_bytes,
                              cudaStream_t stream);
+
+/// The arguments `order_plan_async` checks (a null plan, a null, misaligned or too small
+/// workspace, an empty host range): a message naming the first bad one, or empty.
+std::string plan_order_problem(plan_order_params const& params, void const* workspace, std::size_t workspace_bytes);
 
 /**
  * @brief `order_plan_async` then `retrieve_async` on the same plan (`params.plan` and
  *        `order.plan` must name the same entries and count): missed rows gathered in
  *        host-address order over the whole batch.
+ * @return cudaErrorInvalidValue (nothing enqueued) when `retrieve_params_problem` or
+ *         `plan_order_problem` reports a problem or the two plans differ; else the launch
+ *         status
  */
 cudaError_t retrieve_async(retrieve_params const& params, plan_order_params const& order, void* workspace,
                            std::size_t workspace_bytes, int blocks, cudaStream_t stream);

@@ -84,7 +84,7 @@ int num_splits(params const& p, int num_sms);
  *        call
  * @param workspace_bytes size of `workspace`
  * @param stream stream the kernels are launched on
- * @return `cudaErrorInvalidValue` for arguments `check<RowFormat>` rejects or a workspace
+ * @return `cudaErrorInvalidValue` for arguments `params_problem<RowFormat>` rejects or a workspace
  *         that is missing / too small / misaligned (nothing is launched), the launch error
  *         otherwise (`cudaSuccess` on success). Never throws.
  */

@@ -12,6 +12,7 @@
 
 #include <dhisparse/error.hpp>
 #include <dhisparse/row_format.cuh>
+#include <dhisparse/status.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -26,11 +27,6 @@ inline constexpr int max_top_k = 1 << 16;
 
 /// Largest number of split-K partitions of one selection.
 inline constexpr int max_splits = 32;
-
-/// Bit set in `*params::status` when a selection entry is neither -1 nor a slot id in
-/// `[0, num_slots)`. The entry is treated as empty. Same bit as the library's status
-/// word (`status_invalid_selection`).
-inline constexpr std::uint32_t status_invalid_slot = 1u << 0;
 
 /**
  * @brief What a row format means to attention: query / value widths and the layout kind.
@@ -124,7 +120,7 @@ struct params {
   float* lse = nullptr;               ///< [batch][num_queries][num_heads], natural log; nullable
   std::int64_t lse_stride_batch = 0;  ///< elements
   std::int64_t lse_stride_query = 0;  ///< elements (heads contiguous)
-  std::uint32_t* status = nullptr;    ///< nullable; `status_invalid_slot` is OR-ed in
+  std::uint32_t* status = nullptr;    ///< nullable; `status_invalid_slot` (status.hpp, bit 10) is OR-ed in
 
   // --- shape ---------------------------------------------------------------------------
   int batch       = 0;  ///< padded batch size B (grid shape)
@@ -168,7 +164,8 @@ inline bool aligned_to(void const* ptr, std::size_t bytes)
 
 /**
  * @brief Checks the host-side arguments; returns an empty string when they are valid,
- *        otherwise a message naming the first bad argument.
+ *        otherwise a message naming the first bad argument ("sparse_attention: …"). `run`
+ *        returns `cudaErrorInvalidValue` when it reports a problem.
  *
  * Checked: non-null `queries`, `rows`, `slots`, `out`; `batch >= 0`, `num_queries >= 1`,
  * `1 <= top_k <= max_top_k`; `num_heads` (MLA: 16, 32, 64 or 128; MHA: a positive multiple
@@ -182,68 +179,74 @@ inline bool aligned_to(void const* ptr, std::size_t bytes)
  * @tparam RowFormat the row format of `rows`
  */
 template <class RowFormat>
-std::string check(params const& p)
+std::string params_problem(params const& p)
 {
   using traits = format_traits<RowFormat>;
   static_assert(traits::supported,
                 "sparse_attention: RowFormat must be mla_bf16_576, mla_fp8_656 or "
                 "mha<KvHeads, 128, bf16>");
   auto const str = [](auto v) { return std::to_string(v); };
-  if (p.queries == nullptr) { return "queries is null"; }
-  if (p.rows == nullptr) { return "rows is null"; }
-  if (p.slots == nullptr) { return "slots is null"; }
-  if (p.out == nullptr) { return "out is null"; }
-  if (p.batch < 0) { return "batch (" + str(p.batch) + ") is negative"; }
-  if (p.num_queries < 1) { return "num_queries (" + str(p.num_queries) + ") must be >= 1"; }
+  if (p.queries == nullptr) { return "sparse_attention: queries is null"; }
+  if (p.rows == nullptr) { return "sparse_attention: rows is null"; }
+  if (p.slots == nullptr) { return "sparse_attention: slots is null"; }
+  if (p.out == nullptr) { return "sparse_attention: out is null"; }
+  if (p.batch < 0) { return "sparse_attention: batch (" + str(p.batch) + ") is negative"; }
+  if (p.num_queries < 1) { return "sparse_attention: num_queries (" + str(p.num_queries) + ") must be >= 1"; }
   if (p.top_k < 1 || p.top_k > max_top_k) {
-    return "top_k (" + str(p.top_k) + ") must be in [1, " + str(max_top_k) + "]";
+    return "sparse_attention: top_k (" + str(p.top_k) + ") must be in [1, " + str(max_top_k) + "]";
   }
   if constexpr (traits::is_mla) {
     if (p.num_heads != 16 && p.num_heads != 32 && p.num_heads != 64 && p.num_heads != 128) {
-      return "num_heads (" + str(p.num_heads) + ") must be 16, 32, 64 or 128 for MLA";
+      return "sparse_attention: num_heads (" + str(p.num_heads) + ") must be 16, 32, 64 or 128 for MLA";
     }
   } else {
     if (p.num_heads < traits::kv_heads || p.num_heads % traits::kv_heads != 0) {
-      return "num_heads (" + str(p.num_heads) + ") must be a positive multiple of the " +
+      return "sparse_attention: num_heads (" + str(p.num_heads) + ") must be a positive multiple of the " +
              str(traits::kv_heads) + " KV heads";
     }
   }
   if (p.row_stride % row_alignment != 0 || p.row_stride < RowFormat::bytes || p.row_stride > 0xFFFFFFF0u) {
-    return "row_stride (" + str(p.row_stride) + ") must be a multiple of 16, >= " + str(RowFormat::bytes) +
-           " (row bytes) and below 4 GiB";
+    return "sparse_attention: row_stride (" + str(p.row_stride) + ") must be a multiple of 16, >= " +
+           str(RowFormat::bytes) + " (row bytes) and below 4 GiB";
   }
-  if (!detail::aligned_to(p.rows, row_alignment)) { return "rows is not 16-byte aligned"; }
-  if (!detail::aligned_to(p.queries, 16)) { return "queries is not 16-byte aligned"; }
+  if (!detail::aligned_to(p.rows, row_alignment)) { return "sparse_attention: rows is not 16-byte aligned"; }
+  if (!detail::aligned_to(p.queries, 16)) { return "sparse_attention: queries is not 16-byte aligned"; }
   if (p.query_stride_batch % 8 || p.query_stride_query % 8 || p.query_stride_head % 8) {
-    return "query strides must be multiples of 8 elements (16 bytes)";
+    return "sparse_attention: query strides must be multiples of 8 elements (16 bytes)";
   }
-  if (!detail::aligned_to(p.out, 4)) { return "out is not 4-byte aligned"; }
+  if (!detail::aligned_to(p.out, 4)) { return "sparse_attention: out is not 4-byte aligned"; }
   if (p.out_stride_batch % 2 || p.out_stride_query % 2 || p.out_stride_head % 2) {
-    return "out strides must be even";
+    return "sparse_attention: out strides must be even";
   }
   if (p.query_stride_batch < 0 || p.query_stride_query < 0 || p.query_stride_head < 0 ||
       p.out_stride_batch < 0 || p.out_stride_query < 0 || p.out_stride_head < 0 ||
       p.lse_stride_batch < 0 || p.lse_stride_query < 0 || p.slot_stride_batch < 0 ||
       p.slot_stride_query < 0) {
-    return "strides must be non-negative";
+    return "sparse_attention: strides must be non-negative";
   }
-  if (p.num_slots < 0) { return "num_slots (" + str(p.num_slots) + ") is negative"; }
-  if (!std::isfinite(p.softmax_scale)) { return "softmax_scale is not finite"; }
+  if (p.num_slots < 0) { return "sparse_attention: num_slots (" + str(p.num_slots) + ") is negative"; }
+  if (!std::isfinite(p.softmax_scale)) { return "sparse_attention: softmax_scale is not finite"; }
   if (p.num_splits < 0 || p.num_splits > max_splits) {
-    return "num_splits (" + str(p.num_splits) + ") must be in [0, " + str(max_splits) + "]";
+    return "sparse_attention: num_splits (" + str(p.num_splits) + ") must be in [0, " + str(max_splits) + "]";
   }
   return {};
 }
 
 /**
- * @brief Throws `dhisparse::error` naming the first bad argument (see `check`).
+ * @brief Throws `dhisparse::error` naming the first bad argument (see `params_problem`).
  * @tparam RowFormat the row format of `rows`
  */
 template <class RowFormat>
 void validate(params const& p)
 {
-  std::string const problem = check<RowFormat>(p);
-  DHISPARSE_EXPECTS(problem.empty(), "sparse_attention: " + problem);
+  DHISPARSE_EXPECTS_NO_PROBLEM(params_problem<RowFormat>(p));
+}
+
+/// Deprecated name of `params_problem`.
+template <class RowFormat>
+[[deprecated("use sparse_attention::params_problem")]] std::string check(params const& p)
+{
+  return params_problem<RowFormat>(p);
 }
 
 }  // namespace dhisparse::sparse_attention

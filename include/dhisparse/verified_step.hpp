@@ -57,7 +57,9 @@ struct verified_step {
   /// Optional: [max_batch] the ring index of each batch entry; nullptr: the batch entry
   /// itself. `kv_hierarchy::batch_ref().requests` keeps one ring slot per admitted request.
   std::int32_t const* ring_index = nullptr;
-  /// With a ring: its status word (`draft_ring_status` bits are ORed in).
+  /// With a ring: its status word (`draft_ring_status` bits are ORed in). May be the
+  /// hierarchy's own word (`kv_hierarchy::status()`): the ring's bits (11..16) are apart
+  /// from the hierarchy's (status.hpp).
   std::uint32_t* ring_status = nullptr;
 
   /// The fields verify wrote, taken from its arguments (`accepted`, `accepted_nodes`,
@@ -76,9 +78,8 @@ struct verified_step {
 };
 static_assert(std::is_trivially_copyable_v<verified_step>);
 
-namespace detail {
-
-/// Host-side checks of a `verified_step`: a message naming the first bad field, or empty.
+/// Host-side checks of a `verified_step` (what `commit_verified` and `commit_async` check
+/// before enqueuing anything): a message naming the first bad field, or empty.
 inline std::string verified_step_problem(verified_step const& v)
 {
   if (v.accepted == nullptr) { return "commit_verified: accepted is null"; }
@@ -101,5 +102,4 @@ inline std::string verified_step_problem(verified_step const& v)
   return {};
 }
 
-}  // namespace detail
 }  // namespace dhisparse

@@ -36,6 +36,7 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.cuh>
+#include <dhisparse/status.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -93,7 +94,7 @@ inline void check_verify_status_sync(std::uint32_t const* status, cudaStream_t s
   std::uint32_t bits = 0;
   DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&bits, status, sizeof bits, cudaMemcpyDeviceToHost, stream));
   DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-  DHISPARSE_EXPECTS(bits == 0, "verify: invalid input: " + describe_verify_status(bits));
+  DHISPARSE_EXPECTS(bits == 0, "verify: invalid input: " + describe_status(bits, status_format::explained));
 }
 
 }  // namespace dhisparse

@@ -1,8 +1,8 @@
 /**
  * @file verify_params.hpp
- * @brief The arguments of speculative verification, its status flags and its argument
- *        checks: shared by the CUDA kernels (`dhisparse/verify.cuh`) and the host
- *        reference (`dhisparse/host/verify.hpp`), so it is plain C++.
+ * @brief The arguments of speculative verification and their checks, shared by the CUDA
+ *        kernels (`dhisparse/verify.cuh`) and the host reference (`dhisparse/host/verify.hpp`),
+ *        so it is plain C++. Its status bits, `verify_status`, are in status.hpp.
  *
  * The types are public (namespace `dhisparse`); they live here so that the plain-C++ host
  * reference can use them without including a `.cuh` header.
@@ -42,32 +42,6 @@ enum class draft_distribution : std::int32_t {
   one_hot,     ///< nothing: the draft is deterministic (q = 1 at the drafted token)
   dense,       ///< a full distribution q over the vocabulary per drafting position
   candidates,  ///< per drafting position a list of candidate ids and probabilities (DFlash2)
-};
-
-/**
- * @brief Bits of the device status word (and of the per-request status). Each names the
- *        argument at fault; `describe_verify_status` turns a word into a message.
- *
- * A request whose status is non-zero gets empty outputs (accepted 0, emitted and
- * next_token -1); other requests are unaffected.
- */
-struct verify_status {
-  enum : std::uint32_t {
-    ok               = 0,
-    bad_batch_size   = 1u << 0,   ///< `*batch_size` outside [0, capacity] (clamped)
-    bad_num_drafts   = 1u << 1,   ///< `num_drafts[b]` outside [0, max_drafts]
-    bad_draft_token  = 1u << 2,   ///< a draft token outside [0, vocab)
-    bad_tree         = 1u << 3,   ///< links that do not form a forward tree
-    bad_candidates   = 1u << 4,   ///< a candidate id outside [0, vocab) or repeated in a row
-    p_not_finite     = 1u << 5,   ///< NaN or ±inf in p (greedy: NaN only)
-    p_negative       = 1u << 6,   ///< a negative target probability
-    p_not_normalized = 1u << 7,   ///< p > 1, or a row read in full sums to 1 ± more than tolerance
-    q_not_finite     = 1u << 8,   ///< NaN or ±inf in q or candidate_probs
-    q_negative       = 1u << 9,   ///< a negative draft probability
-    q_not_normalized = 1u << 10,  ///< q > 1, or a q / candidate row sums to 1 ± more than tolerance
-    draft_not_in_q   = 1u << 11,  ///< a draft token the drafter gave probability 0 (or no candidate slot)
-    bad_target_token = 1u << 12,  ///< a `target_tokens` entry outside [0, vocab)
-  };
 };
 
 /**
@@ -118,41 +92,10 @@ struct verify_params {
   std::int32_t* emitted         = nullptr;  ///< [B][d+1] accepted drafts, then the target's token, then -1
   std::int32_t* next_token      = nullptr;  ///< [B] the token after the accepted drafts (correction or bonus)
   std::int32_t* accepted_nodes  = nullptr;  ///< optional [B][d]: node index of each accepted draft, -1 after
-  std::uint32_t* status         = nullptr;  ///< [1] OR of the `verify_status` bits of this call
-  std::uint32_t* request_status = nullptr;  ///< optional [B] status bits per request
+  std::uint32_t* status         = nullptr;  ///< [1] OR of the `verify_status` bits of this call (cleared by the call)
+  std::uint32_t* request_status = nullptr;  ///< optional [B] `verify_status` bits per request
   std::uint64_t* bytes_read     = nullptr;  ///< optional [1]: += bytes of p / q / candidate rows read in full
 };
-
-/**
- * @brief Human-readable description of a status word, naming the arguments at fault
- *        (empty string for `verify_status::ok`).
- */
-inline std::string describe_verify_status(std::uint32_t bits)
-{
-  static constexpr detail::status_text table[] = {
-    {verify_status::bad_batch_size, "batch_size: *batch_size is outside [0, capacity]"},
-    {verify_status::bad_num_drafts, "num_drafts: a request's count is outside [0, max_drafts]"},
-    {verify_status::bad_draft_token, "draft_tokens: a token id is outside [0, vocab)"},
-    {verify_status::bad_tree,
-     "first_child/next_sibling: links do not form a tree (each link must point to a higher node "
-     "index in [1, max_drafts], every node linked exactly once)"},
-    {verify_status::bad_candidates,
-     "candidate_ids: an id is outside [0, vocab) or repeated within a row"},
-    {verify_status::p_not_finite, "p: a NaN or infinite value"},
-    {verify_status::p_negative, "p: a negative probability"},
-    {verify_status::p_not_normalized,
-     "p: a probability above 1 or a row whose sum differs from 1 by more than sum_tolerance"},
-    {verify_status::q_not_finite, "q/candidate_probs: a NaN or infinite value"},
-    {verify_status::q_negative, "q/candidate_probs: a negative probability"},
-    {verify_status::q_not_normalized,
-     "q/candidate_probs: a probability above 1 or a row whose sum differs from 1 by more than "
-     "sum_tolerance"},
-    {verify_status::draft_not_in_q,
-     "draft_tokens: a draft token has draft probability 0 (candidates: no candidate slot)"},
-    {verify_status::bad_target_token, "target_tokens: a token id is outside [0, vocab)"},
-  };
-  return detail::join_set_bits(bits, table, "; ");
-}
 
 namespace detail::verify {
 

@@ -254,11 +254,16 @@ TEST_CASE("GPU draft ring: caller memory, bounded memory and argument checks", "
   device_vector<std::int32_t> counts(std::vector<std::int32_t>{1, 1});
   CHECK(draft_ring_advance_async(ring.ref(), counts.data(), -1, nullptr, ring.status(), nullptr) ==
         cudaErrorInvalidValue);
+  CHECK_THAT(draft_ring_advance_problem(ring.ref(), counts.data(), -1, ring.status()), Catch::Contains("max_count"));
   CHECK(draft_ring_append_async(ring.ref(), draft_ring_rows{nullptr}, counts.data(), 2, nullptr, ring.status(),
                                 nullptr) == cudaErrorInvalidValue);
+  CHECK_THAT(draft_ring_append_problem(ring.ref(), draft_ring_rows{nullptr}, counts.data(), 2, ring.status()),
+             Catch::Contains("staging buffer"));
   draft_ring_ref misaligned = ring.ref();
   misaligned.row_bytes      = 40;
   CHECK(draft_ring_rollback_async(misaligned, counts.data(), nullptr, nullptr, ring.status(), nullptr) ==
         cudaErrorInvalidValue);
-  CHECK_THROWS(ring.advance_async(counts.data(), -1, nullptr, nullptr));
+  CHECK_THAT(draft_ring_rollback_problem(misaligned, counts.data(), ring.status()), Catch::Contains("row_bytes"));
+  CHECK_THAT(draft_ring_reset_problem(ring.ref(), nullptr, 1, ring.status()), Catch::Contains("requests"));
+  CHECK_THROWS_WITH(ring.advance_async(counts.data(), -1, nullptr, nullptr), Catch::Contains("max_count"));
 }

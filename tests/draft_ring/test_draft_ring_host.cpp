@@ -2,6 +2,7 @@
 // wrap-around, rollback across the wrap and past the window, random operation sequences,
 // and the checks of bad counts.
 #include <dhisparse/host/draft_ring.hpp>
+#include <dhisparse/status.hpp>
 
 #include "random.hpp"
 #include "ring_ops.hpp"
@@ -230,7 +231,7 @@ TEST_CASE("draft ring: bad counts, batch sizes and requests are flagged and skip
   start = {-1, 0};
   ring.reset(requests.data(), start.data(), 1);
   CHECK(ring.status() == draft_ring_status::bad_start);
-  CHECK(describe_draft_ring_status(draft_ring_status::bad_count).find("counts") != std::string::npos);
+  CHECK(describe_status(draft_ring_status::bad_count, status_format::explained).find("counts") != std::string::npos);
   CHECK_THROWS_WITH(host::draft_ring(2, 8, 1, 24), Catch::Contains("row_bytes"));
   CHECK_THROWS_WITH(host::draft_ring(2, 0, 1, 32), Catch::Contains("window"));
   CHECK_THROWS_WITH(host::draft_ring(2, 8, 0, 32), Catch::Contains("layers"));

@@ -156,4 +156,6 @@ TEST_CASE("GPU draft ring keep: captured once, replayed with new paths", "[draft
                                 nullptr) == cudaErrorInvalidValue);
   REQUIRE(draft_ring_keep_async(dev.ref(), drafted.data(), nullptr, nullptr, 0, nullptr, B, nullptr, nullptr,
                                 nullptr) == cudaErrorInvalidValue);
+  CHECK_THAT(draft_ring_keep_problem(dev.ref(), nullptr, nullptr, 0, B, dev.status()), Catch::Contains("drafted"));
+  CHECK_THAT(draft_ring_keep_problem(dev.ref(), drafted.data(), nullptr, 0, B, nullptr), Catch::Contains("status"));
 }

@@ -480,9 +480,12 @@ TEMPLATE_TEST_CASE("release_async has the effect of kv_hierarchy::release, mid-s
       release_params bad = p;
       bad.pools          = nullptr;
       CHECK(release_async(bad, stream.s) == cudaErrorInvalidValue);
+      CHECK_THAT(release_params_problem(bad), Catch::Contains("pools"));
       bad                = p;
       bad.tail_slots     = nullptr;
       CHECK(release_async(bad, stream.s) == cudaErrorInvalidValue);
+      CHECK_THAT(release_params_problem(bad), Catch::Contains("tail_slots"));
+      CHECK(release_params_problem(p).empty());
       // The owner still returns the host and map pages (the device part again is a no-op).
       h.release(ids[victim], stream.s);
     } else {

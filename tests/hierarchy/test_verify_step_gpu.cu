@@ -5,7 +5,8 @@
 // a draft ring kept in step — compared after every step (statuses, per-entry outputs,
 // lengths, positions, residency, slot accounting, counters, ring contents, host store);
 // the step captured once in a CUDA graph and replayed with new drafts; a request released
-// mid-step; set_batch abandoning an open step; a second resolve without commit.
+// mid-step; set_batch abandoning an open step; a second resolve without commit; the ring's
+// status bits and the hierarchy's in one word.
 #include "random.hpp"
 #include "twin.cuh"
 #include "verify_step.hpp"
@@ -18,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 using namespace dhisparse;
@@ -302,6 +304,17 @@ class verify_twin {
 template <class Eviction, class Budget>
 using vtwin = verify_twin<row_format::mla_fp8_656, Eviction, Budget>;
 
+/// Requests 1, 2 and 3 admitted and batched, one clean verify step taken.
+template <class Twin>
+void start_three_requests(Twin& t, std::mt19937_64& rng)
+{
+  t.admit(1, 800, 8000);
+  t.admit(2, 1300, 8000);
+  t.admit(3, 500, 8000);
+  t.set_batch({1, 2, 3});
+  t.step(rng, false, 0.0, 0);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("GPU commit_verified matches the host reference on random chains and trees",
@@ -395,11 +408,7 @@ TEST_CASE("GPU step contract: release mid-step, set_batch abandoning a step, a r
   vtwin<policy::lru, policy::static_budget<budget>> t(step_config(), salt, stream.s);
   auto& gpu = t.gpu();
   auto& ref = t.ref();
-  t.admit(1, 800, 8000);
-  t.admit(2, 1300, 8000);
-  t.admit(3, 500, 8000);
-  t.set_batch({1, 2, 3});
-  t.step(rng, false, 0.0, 0);
+  start_three_requests(t, rng);
 
   // Request 2 is released between resolve and commit: it leaves the step, the others commit.
   auto d = t.draft(rng, true, 0.0);
@@ -457,4 +466,46 @@ TEST_CASE("GPU step contract: release mid-step, set_batch abandoning a step, a r
   for (int s = 0; s < 3; ++s) { t.twin().step(rng, K, nullptr, true); }
   REQUIRE(gpu.status_sync(stream.s) == 0u);
   t.twin().check_host_store();
+}
+
+TEST_CASE("GPU one status word: commit_verified's ring bits and the hierarchy's share h.status()",
+          "[hierarchy][gpu][verify_step][status]")
+{
+  auto rng                 = test::seeded_engine("verify step gpu shared status");
+  std::uint64_t const salt = rng();
+  stream_guard stream;
+  vtwin<policy::lru, policy::static_budget<budget>> t(step_config(), salt, stream.s);
+  start_three_requests(t, rng);
+  auto& gpu = t.gpu();
+  auto& ref = t.ref();
+  gpu.clear_status(stream.s);
+  ref.clear_status();
+
+  // Entry 0 asks for more drafts than it has (a hierarchy bit, status_invalid_accept_count)
+  // and names a ring slot outside the ring (a ring bit, draft_ring_status::bad_request).
+  auto d = t.draft(rng, true, 0.0);
+  t.append_ring_rows(d, 1);
+  t.forward(rng, d);
+  d.accepted[0] = d.num_drafts[0] + 2;
+  std::size_t const B     = std::size_t(step_config().max_batch);
+  std::vector<std::int32_t> ring_index = download(gpu.batch_ref().requests, B);
+  ring_index[0]                        = -1;
+  device_vector<std::int32_t> d_ring_index(ring_index);
+  verified_step v = t.device_step(d, true);
+  v.ring_index    = d_ring_index.data();
+  v.ring_status   = gpu.status();  // one word for the hierarchy and the ring
+  gpu.commit_verified(v, stream.s);
+  t.ref_commit(d, false);
+
+  std::uint32_t const bits = gpu.status_sync(stream.s);
+  REQUIRE((bits & status_mask_hierarchy) == ref.status());
+  REQUIRE((ref.status() & status_invalid_accept_count) != 0);
+  REQUIRE((bits & status_mask_draft_ring) == draft_ring_status::bad_request);
+  REQUIRE((bits & ~(status_mask_hierarchy | status_mask_draft_ring)) == 0u);
+  std::string const text = describe_status(bits);
+  CHECK(text.find("invalid_accept_count") != std::string::npos);
+  CHECK(text.find("draft_ring.bad_request") != std::string::npos);
+  // Per entry, commit_status holds the hierarchy's bits only.
+  REQUIRE(download(gpu.commit_status(), B) == std::vector<std::uint32_t>(ref.commit_status(), ref.commit_status() + B));
+  REQUIRE((ref.commit_status()[0] & status_invalid_accept_count) != 0);
 }

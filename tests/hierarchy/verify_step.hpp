@@ -127,7 +127,7 @@ inline verified_drafts random_verified_drafts(std::mt19937_64& g, int entries, i
             v.path_valid[b] = parent[path[1]] == path[0] && parent[path[0]] == 0;
           }
           break;
-        default: status = 1u << 3; break;  // verification refused it
+        default: status = verify_status::bad_tree; break;  // verification refused it
       }
       if (a != std::int32_t(path.size())) { v.path_valid[b] = false; }
     }

@@ -163,10 +163,13 @@ TEST_CASE("retrieve: bad arguments are refused and launch nothing", "[retrieve][
   p.byte_end        = 656;
   p.lanes_per_row   = 12;
   CHECK(retrieve_async(p, 0, stream) == cudaErrorInvalidValue);
+  CHECK_THAT(retrieve_params_problem(p), Catch::Contains("lanes_per_row"));
   p.lanes_per_row = 0;
   p.byte_end      = 650;
   CHECK(retrieve_async(p, 0, stream) == cudaErrorInvalidValue);
+  CHECK_THAT(retrieve_params_problem(p), Catch::Contains("byte_end"));
   p.byte_end = 656;
+  CHECK(retrieve_params_problem(p).empty());
   CHECK(retrieve_async(p, 0, stream) == cudaSuccess);
 
   std::size_t const ws_bytes = order_plan_workspace_size(std::size_t{1} << 20, 4);
@@ -174,10 +177,14 @@ TEST_CASE("retrieve: bad arguments are refused and launch nothing", "[retrieve][
   ws.fill_bytes(0);
   plan_order_params o{p.plan, slab.data(), std::size_t{1} << 20, 0};
   CHECK(order_plan_async(o, ws.data(), ws_bytes - 16, stream) == cudaErrorInvalidValue);
+  CHECK_THAT(plan_order_problem(o, ws.data(), ws_bytes - 16), Catch::Contains("workspace_bytes"));
   CHECK(order_plan_async(o, nullptr, ws_bytes, stream) == cudaErrorInvalidValue);
+  CHECK_THAT(plan_order_problem(o, nullptr, ws_bytes), Catch::Contains("workspace is null"));
   plan_order_params empty_range = o;
   empty_range.host_bytes        = 0;
   CHECK(order_plan_async(empty_range, ws.data(), ws_bytes, stream) == cudaErrorInvalidValue);
+  CHECK_THAT(plan_order_problem(empty_range, ws.data(), ws_bytes), Catch::Contains("host_bytes"));
+  CHECK(plan_order_problem(o, ws.data(), ws_bytes).empty());
   plan_order_params other_plan = o;
   other_plan.plan.entries      = nullptr;
   CHECK(retrieve_async(p, other_plan, ws.data(), ws_bytes, 0, stream) == cudaErrorInvalidValue);

@@ -1,5 +1,5 @@
 // Host reference of sparse attention (host/sparse_attention.hpp) and argument checks
-// (sparse_attention::check / validate), compiled without CUDA.
+// (sparse_attention::params_problem / validate), compiled without CUDA.
 #include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/error.hpp>
 #include <dhisparse/host/row_format.hpp>
@@ -216,14 +216,14 @@ TEST_CASE("reference: batch_size skips rows, invalid ids set the status bit", "[
   for (int h = 0; h < 16; ++h) { CHECK(lse[h] == float(exl[h])); }
 }
 
-TEST_CASE("check / validate name the bad argument", "[sparse_attention][host]")
+TEST_CASE("params_problem / validate name the bad argument", "[sparse_attention][host]")
 {
   auto rng = test::seeded_engine("argument checks");
   auto pb  = test::make_problem<mla_bf16>(rng, {1, 1, 16, 16});
   auto good = pb.params();
   std::vector<bf16> out(pb.out_elems());
   good.out = out.data();
-  CHECK(sa::check<mla_bf16>(good).empty());
+  CHECK(sa::params_problem<mla_bf16>(good).empty());
   CHECK_NOTHROW(sa::validate<mla_bf16>(good));
 
   struct bad_case {
@@ -255,7 +255,7 @@ TEST_CASE("check / validate name the bad argument", "[sparse_attention][host]")
     sa::params p = good;
     c.mutate(p);
     INFO(c.expect);
-    CHECK_THAT(sa::check<mla_bf16>(p), Catch::Contains(c.expect));
+    CHECK_THAT(sa::params_problem<mla_bf16>(p), Catch::Contains(c.expect));
     CHECK_THROWS_AS(sa::validate<mla_bf16>(p), dhisparse::error);
     CHECK_THROWS_WITH(sa::validate<mla_bf16>(p), Catch::Contains(c.expect));
   }
@@ -264,7 +264,7 @@ TEST_CASE("check / validate name the bad argument", "[sparse_attention][host]")
   m.num_heads  = 12;
   m.row_stride = gqa8::bytes;
   m.query_stride_head = 128;
-  CHECK_THAT(sa::check<gqa8>(m), Catch::Contains("multiple of the 8 KV heads"));
+  CHECK_THAT(sa::params_problem<gqa8>(m), Catch::Contains("multiple of the 8 KV heads"));
   m.num_heads = 16;
-  CHECK(sa::check<gqa8>(m).empty());
+  CHECK(sa::params_problem<gqa8>(m).empty());
 }

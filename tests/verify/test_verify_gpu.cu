@@ -263,7 +263,7 @@ TEST_CASE("GPU input checks: status bits name the argument; nothing else is touc
         CHECK(dev.emitted_of(2).empty());
         CHECK(dev.next_token[2] == -1);
         CHECK_THROWS_WITH(check_verify_status_sync(d.a.status, nullptr),
-                          Catch::Contains(describe_verify_status(dev.request_status[2])));
+                          Catch::Contains(describe_status(dev.request_status[2], status_format::explained)));
       }
       test::verify_case ref = clean;
       ref.bind();

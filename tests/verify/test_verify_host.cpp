@@ -4,6 +4,7 @@
 #include <dhisparse/detail/philox.hpp>
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/host/verify.hpp>
+#include <dhisparse/status.hpp>
 
 #include "random.hpp"
 #include "verify_cases.hpp"
@@ -448,8 +449,9 @@ TEST_CASE("bad shapes and batch sizes are refused with the argument named", "[ve
   // Flagging mode clamps the batch size and raises the bit.
   host::verify(c.a, host::on_invalid_input::flag);
   CHECK(c.status[0] == verify_status::bad_batch_size);
-  CHECK(describe_verify_status(verify_status::p_negative | verify_status::bad_tree).find("first_child") !=
-        std::string::npos);
+  std::string const text = describe_status(verify_status::p_negative | verify_status::bad_tree, status_format::explained);
+  CHECK(text.find("first_child") != std::string::npos);
+  CHECK(text.find("verify.p_negative") != std::string::npos);
 }
 
 TEST_CASE("a tree with a node linked twice is refused", "[verify][errors]")

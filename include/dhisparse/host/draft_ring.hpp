@@ -8,6 +8,7 @@
 
 #include <dhisparse/draft_ring_ref.hpp>
 #include <dhisparse/error.hpp>
+#include <dhisparse/status.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -63,11 +64,7 @@ class draft_ring {
    */
   draft_ring(int capacity, int window, int layers, std::size_t row_bytes, std::byte fill = std::byte{0})
   {
-    DHISPARSE_EXPECTS(capacity >= 0, "draft_ring: capacity is negative");
-    DHISPARSE_EXPECTS(window > 0, "draft_ring: window must be positive");
-    DHISPARSE_EXPECTS(layers > 0, "draft_ring: layers must be positive");
-    DHISPARSE_EXPECTS(row_bytes > 0 && row_bytes % 16 == 0,
-                      "draft_ring: row_bytes (" + std::to_string(row_bytes) + ") must be a positive multiple of 16");
+    DHISPARSE_EXPECTS_NO_PROBLEM(draft_ring_shape_problem(capacity, window, layers, std::int64_t(row_bytes)));
     rows_.assign(std::size_t(capacity) * window * layers * row_bytes, fill);
     end_.assign(capacity, 0);
     length_.assign(capacity, 0);

@@ -514,8 +514,7 @@ class kv_hierarchy {
   /// Reference of `kv_hierarchy::commit_verified`; host pointers.
   void commit_verified(verified_step const& v)
   {
-    std::string const problem = detail::verified_step_problem(v);
-    DHISPARSE_EXPECTS(problem.empty(), problem);
+    DHISPARSE_EXPECTS_NO_PROBLEM(verified_step_problem(v));
     commit_rows(nullptr, &v);
   }
 

@@ -13,6 +13,7 @@
 #include <dhisparse/sparse_attention_params.hpp>
 #include <dhisparse/host/row_format.hpp>
 #include <dhisparse/row_format.cuh>
+#include <dhisparse/status.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -14,6 +14,7 @@
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.hpp>
+#include <dhisparse/status.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -408,8 +409,7 @@ class verify_walker {
  */
 inline std::vector<std::uint32_t> verify_input_status(verify_params const& a)
 {
-  std::string const problem = verify_params_problem(a);
-  DHISPARSE_EXPECTS(problem.empty(), problem);
+  DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
   int batch = a.batch_size ? *a.batch_size : a.capacity;
   batch     = std::clamp(batch, 0, a.capacity);
   std::vector<std::uint32_t> status(a.capacity, 0);
@@ -429,8 +429,7 @@ inline std::vector<std::uint32_t> verify_input_status(verify_params const& a)
  */
 inline void verify(verify_params const& a, on_invalid_input mode = on_invalid_input::throw_error)
 {
-  std::string const problem = verify_params_problem(a);
-  DHISPARSE_EXPECTS(problem.empty(), problem);
+  DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
   int const capacity = a.capacity;
   int batch          = a.batch_size ? *a.batch_size : capacity;
   std::uint32_t all  = 0;
@@ -446,7 +445,7 @@ inline void verify(verify_params const& a, on_invalid_input mode = on_invalid_in
     status[b] = detail::verify_request(a, b).validate();
     if (status[b] != 0 && mode == on_invalid_input::throw_error) {
       DHISPARSE_EXPECTS(false, "verify: request " + std::to_string(b) + ": " +
-                                 describe_verify_status(status[b]));
+                                 describe_status(status[b], status_format::explained));
     }
   }
   std::uint64_t const seed   = a.rule == verify_rule::sampling ? a.rng[0] : 0;

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 namespace detail::backup {
@@ -82,10 +83,16 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) reset_kernel(backup_params p)
 
 }  // namespace detail::backup
 
+inline std::string backup_params_problem(backup_params const& params)
+{
+  if (params.num_groups <= 0) { return "backup: num_groups must be positive"; }
+  return {};
+}
+
 inline cudaError_t backup_async(backup_params const& params, int blocks, cudaStream_t stream)
 {
   namespace bk = detail::backup;
-  if (params.num_groups <= 0) { return cudaErrorInvalidValue; }
+  if (!backup_params_problem(params).empty()) { return cudaErrorInvalidValue; }
   if (blocks <= 0) { blocks = 64; }
   dim3 const grid(unsigned(blocks), unsigned(params.num_groups));
   bk::copy_kernel<bk::block_size><<<grid, bk::block_size, 0, stream>>>(params);

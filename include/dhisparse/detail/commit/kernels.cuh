@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 namespace detail::commit {
@@ -218,14 +219,22 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) commit_kernel(commit_params p
 
 }  // namespace detail::commit
 
+inline std::string commit_params_problem(commit_params const& params)
+{
+  if (params.num_groups <= 0) { return "commit: num_groups must be positive"; }
+  if (params.batch.max_batch <= 0) { return "commit: batch.max_batch must be positive"; }
+  if (params.mode == commit_mode::verified) {
+    std::string const problem = verified_step_problem(params.verified);
+    if (!problem.empty()) { return problem; }
+    if (params.parents == nullptr) { return "commit: parents is null (a verified commit reads the step's tree)"; }
+  }
+  return {};
+}
+
 inline cudaError_t commit_async(commit_params const& params, cudaStream_t stream)
 {
   namespace cm = detail::commit;
-  if (params.num_groups <= 0 || params.batch.max_batch <= 0) { return cudaErrorInvalidValue; }
-  if (params.mode == commit_mode::verified &&
-      (!detail::verified_step_problem(params.verified).empty() || params.parents == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!commit_params_problem(params).empty()) { return cudaErrorInvalidValue; }
   cm::commit_kernel<cm::block_size><<<unsigned(params.batch.max_batch), cm::block_size, 0, stream>>>(params);
   return detail::check_launch(stream);
 }

@@ -10,6 +10,7 @@
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/draft_ring_ref.hpp>
+#include <dhisparse/status.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 namespace detail::reclaim {
@@ -465,15 +466,23 @@ inline reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_s
   return s;
 }
 
+inline std::string reclaim_params_problem(reclaim_params const& params)
+{
+  if (params.order == reclaim_order::none) { return "reclaim: order is reclaim_order::none"; }
+  if (params.scratch.candidates == nullptr) { return "reclaim: scratch.candidates is null"; }
+  if (params.order == reclaim_order::fair_share && params.scratch.segments < params.pool.max_requests) {
+    return "reclaim: scratch.segments (" + std::to_string(params.scratch.segments) + ") is below pool.max_requests (" +
+           std::to_string(params.pool.max_requests) + "), as a fair share needs";
+  }
+  return {};
+}
+
 template <class Eviction>
 cudaError_t reclaim_async(reclaim_params const& params, cudaStream_t stream)
 {
   static_assert(is_eviction_policy_v<Eviction>, "Eviction: see policy/concepts.hpp");
   namespace rc = detail::reclaim;
-  if (params.order == reclaim_order::none || params.scratch.candidates == nullptr ||
-      (params.order == reclaim_order::fair_share && params.scratch.segments < params.pool.max_requests)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!reclaim_params_problem(params).empty()) { return cudaErrorInvalidValue; }
   auto kernel      = rc::reclaim_kernel<Eviction, rc::block_size>;
   int const blocks = params.blocks > 0 ? params.blocks : rc::cooperative_blocks(kernel, rc::block_size);
   if (blocks <= 0) { return cudaErrorInvalidConfiguration; }

@@ -17,19 +17,34 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
+
+inline std::string release_params_problem(release_params const& p)
+{
+  if (p.pools == nullptr) { return "release: pools is null"; }
+  if (p.num_groups <= 0) { return "release: num_groups must be positive"; }
+  if (p.request < 0) { return "release: request (" + std::to_string(p.request) + ") is negative"; }
+  if (p.num_slots < 0) { return "release: num_slots is negative"; }
+  if (p.batch_size != nullptr) {  // the request leaves the step
+    if (p.batch_requests == nullptr || p.batch_queries == nullptr || p.tail_slots == nullptr ||
+        p.query_positions == nullptr) {
+      return "release: batch_requests / batch_queries / tail_slots / query_positions are null (batch_size is given)";
+    }
+    if (p.max_batch <= 0 || p.max_queries <= 0) {
+      return "release: max_batch and max_queries must be positive (batch_size is given)";
+    }
+  }
+  return {};
+}
 
 inline cudaError_t release_async(release_params const& params, cudaStream_t stream)
 {
   namespace hd = detail::hierarchy;
   release_params const& p = params;
   bool const leaves_step  = p.batch_size != nullptr;
-  if (p.pools == nullptr || p.num_groups <= 0 || p.request < 0 || p.num_slots < 0) { return cudaErrorInvalidValue; }
-  if (leaves_step && (p.batch_requests == nullptr || p.batch_queries == nullptr || p.tail_slots == nullptr ||
-                      p.query_positions == nullptr || p.max_batch <= 0 || p.max_queries <= 0)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!release_params_problem(p).empty()) { return cudaErrorInvalidValue; }
   std::int64_t const wave = 4 * std::int64_t(detail::multiprocessor_count());
   auto const blocks_for   = [wave](std::int64_t work) {
     return unsigned(std::clamp<std::int64_t>((work + hd::block_size - 1) / hd::block_size, 1, wave));

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 namespace detail::resolve {
@@ -42,6 +43,44 @@ inline std::size_t resolve_workspace_size(int max_batch, int max_queries, int to
 }
 
 template <class Eviction, class Budget>
+std::string resolve_params_problem(resolve_params const& params, std::size_t workspace_bytes)
+{
+  namespace rd               = detail::resolve;
+  constexpr bool per_request = Budget::kind == budget_kind::per_request;
+  constexpr bool reclaims    = Budget::kind == budget_kind::shared && Budget::reclaim != reclaim_order::none;
+  auto const& b              = params.batch;
+  auto const str             = [](auto v) { return std::to_string(v); };
+  std::int64_t const entries = std::int64_t(b.max_queries) * params.top_k;
+  if (params.top_k <= 0) { return "resolve: top_k (" + str(params.top_k) + ") must be positive"; }
+  if (b.max_batch <= 0 || b.max_queries <= 0) { return "resolve: batch.max_batch / max_queries must be positive"; }
+  if (params.max_context <= 0) { return "resolve: max_context must be positive"; }
+  if (entries > rd::max_request_entries) {
+    return "resolve: max_queries × top_k (" + str(entries) + ") exceeds " + str(rd::max_request_entries);
+  }
+  std::size_t const need = resolve_workspace_size(b.max_batch, b.max_queries, params.top_k, params.max_context);
+  if (workspace_bytes < need) {
+    return "resolve: workspace_bytes (" + str(workspace_bytes) + ") is below resolve_workspace_size (" + str(need) + ")";
+  }
+  if (params.plan.capacity < std::int64_t(b.max_batch) * entries) {
+    return "resolve: plan.capacity (" + str(params.plan.capacity) + ") is below max_batch × max_queries × top_k (" +
+           str(std::int64_t(b.max_batch) * entries) + ")";
+  }
+  if (Eviction::needs_scores && params.scores == nullptr) {
+    return "resolve: scores is null (the eviction policy orders rows by the indexer's scores)";
+  }
+  if (per_request && params.pool.owned == nullptr) { return "resolve: pool.owned is null (a per-request budget)"; }
+  if (per_request && Eviction::search == victim_search::smallest_key &&
+      (params.pool.cache.capacity <= 0 || params.pool.cache.capacity > rd::max_cache_entries)) {
+    return "resolve: pool.cache.capacity (" + str(params.pool.cache.capacity) + ") must be in [1, " +
+           str(rd::max_cache_entries) + "] for this eviction policy and a per-request budget";
+  }
+  if (reclaims && params.reclaim.candidates == nullptr) {
+    return "resolve: reclaim.candidates is null (a shared budget that reclaims)";
+  }
+  return {};
+}
+
+template <class Eviction, class Budget>
 cudaError_t resolve_async(resolve_params const& params, void* workspace, std::size_t workspace_bytes,
                           cudaStream_t stream)
 {
@@ -49,21 +88,10 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
   static_assert(is_budget_policy_v<Budget>, "Budget: see policy/concepts.hpp");
   namespace rd                 = detail::resolve;
   namespace rc                 = detail::reclaim;
-  constexpr bool per_request   = Budget::kind == budget_kind::per_request;
   constexpr bool reclaims      = Budget::kind == budget_kind::shared && Budget::reclaim != reclaim_order::none;
   auto const& b                = params.batch;
   std::int64_t const entries   = std::int64_t(b.max_queries) * params.top_k;
-  bool const bad_shape         = params.top_k <= 0 || b.max_batch <= 0 || b.max_queries <= 0 ||
-                         params.max_context <= 0 || entries > rd::max_request_entries;
-  if (bad_shape ||
-      workspace_bytes < resolve_workspace_size(b.max_batch, b.max_queries, params.top_k, params.max_context) ||
-      params.plan.capacity < std::int64_t(b.max_batch) * entries ||
-      (Eviction::needs_scores && params.scores == nullptr) || (per_request && params.pool.owned == nullptr) ||
-      (per_request && Eviction::search == victim_search::smallest_key &&
-       (params.pool.cache.capacity <= 0 || params.pool.cache.capacity > rd::max_cache_entries)) ||
-      (reclaims && params.reclaim.candidates == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!resolve_params_problem<Eviction, Budget>(params, workspace_bytes).empty()) { return cudaErrorInvalidValue; }
   auto const w = rd::carve(workspace, b.max_batch, b.max_queries, params.top_k, params.max_context);
   // Blocks loop over the real batch (its size is in device memory): launch shapes that do
   // not grow with max_batch beyond what the device runs at once. `lookup` spreads each

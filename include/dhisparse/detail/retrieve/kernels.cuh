@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 namespace detail::retrieve {
@@ -90,21 +91,31 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize, blocks_per_sm) gather_kernel(
 inline int default_blocks() { return multiprocessor_count() * blocks_per_sm; }
 
 /// Arguments `retrieve_async` accepts.
-inline bool valid(retrieve_params const& params)
+}  // namespace detail::retrieve
+
+inline std::string retrieve_params_problem(retrieve_params const& params)
 {
   int const lanes = params.lanes_per_row;
-  return params.byte_begin % row_alignment == 0 && params.byte_end % row_alignment == 0 &&
-         params.byte_begin <= params.byte_end && params.byte_end <= params.group_row_bytes &&
-         params.group_row_bytes % row_alignment == 0 &&
-         (lanes == 0 || lanes == 4 || lanes == 8 || lanes == 16 || lanes == 32);
+  if (params.group_row_bytes % row_alignment != 0) {
+    return "retrieve: group_row_bytes (" + std::to_string(params.group_row_bytes) + ") is not a multiple of 16";
+  }
+  if (params.byte_begin % row_alignment != 0 || params.byte_end % row_alignment != 0) {
+    return "retrieve: byte_begin / byte_end are not multiples of 16";
+  }
+  if (params.byte_begin > params.byte_end || params.byte_end > params.group_row_bytes) {
+    return "retrieve: byte_begin / byte_end are not a range within the group row (byte_begin <= byte_end <= "
+           "group_row_bytes)";
+  }
+  if (lanes != 0 && lanes != 4 && lanes != 8 && lanes != 16 && lanes != 32) {
+    return "retrieve: lanes_per_row (" + std::to_string(lanes) + ") must be 0, 4, 8, 16 or 32";
+  }
+  return {};
 }
-
-}  // namespace detail::retrieve
 
 inline cudaError_t retrieve_async(retrieve_params const& params, int blocks, cudaStream_t stream)
 {
   namespace rt = detail::retrieve;
-  if (!rt::valid(params)) { return cudaErrorInvalidValue; }
+  if (!retrieve_params_problem(params).empty()) { return cudaErrorInvalidValue; }
   if (blocks <= 0) { blocks = rt::default_blocks(); }
   // A programmatic dependent launch: after resolve's allocate (which lets dependents start)
   // the gather's blocks are already resident when the plan is complete.

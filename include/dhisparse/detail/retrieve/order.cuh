@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace dhisparse {
 namespace detail::plan_order {
@@ -206,16 +207,30 @@ inline std::size_t order_plan_workspace_size(std::size_t host_bytes, std::int32_
   return detail::plan_order::shape::of(host_bytes, capacity).bytes;
 }
 
+inline std::string plan_order_problem(plan_order_params const& params, void const* workspace,
+                                      std::size_t workspace_bytes)
+{
+  if (params.plan.entries == nullptr || params.plan.count == nullptr) {
+    return "order_plan: plan.entries / plan.count are null";
+  }
+  if (params.plan.capacity < 0) { return "order_plan: plan.capacity is negative"; }
+  if (params.host_bytes == 0) { return "order_plan: host_bytes is 0 (an empty host range)"; }
+  if (workspace == nullptr) { return "order_plan: workspace is null"; }
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) { return "order_plan: workspace is not 16-byte aligned"; }
+  std::size_t const need = order_plan_workspace_size(params.host_bytes, params.plan.capacity);
+  if (workspace_bytes < need) {
+    return "order_plan: workspace_bytes (" + std::to_string(workspace_bytes) + ") is below order_plan_workspace_size (" +
+           std::to_string(need) + ")";
+  }
+  return {};
+}
+
 inline cudaError_t order_plan_async(plan_order_params const& params, void* workspace, std::size_t workspace_bytes,
                                     cudaStream_t stream)
 {
   namespace po = detail::plan_order;
+  if (!plan_order_problem(params, workspace, workspace_bytes).empty()) { return cudaErrorInvalidValue; }
   po::shape const s = po::shape::of(params.host_bytes, params.plan.capacity);
-  if (params.plan.entries == nullptr || params.plan.count == nullptr || params.plan.capacity < 0 ||
-      params.host_bytes == 0 || workspace == nullptr || workspace_bytes < s.bytes ||
-      reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
   auto* ws = static_cast<std::byte*>(workspace);
   po::order_args a{};
   a.entries     = params.plan.entries;
@@ -248,7 +263,7 @@ inline cudaError_t order_plan_async(plan_order_params const& params, void* works
 inline cudaError_t retrieve_async(retrieve_params const& params, plan_order_params const& order, void* workspace,
                                   std::size_t workspace_bytes, int blocks, cudaStream_t stream)
 {
-  if (!detail::retrieve::valid(params) || order.plan.entries != params.plan.entries ||
+  if (!retrieve_params_problem(params).empty() || order.plan.entries != params.plan.entries ||
       order.plan.count != params.plan.count) {
     return cudaErrorInvalidValue;
   }

@@ -8,6 +8,7 @@
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/sparse_attention_params.hpp>
+#include <dhisparse/status.hpp>
 
 #include <cstddef>
 #include <cstdint>

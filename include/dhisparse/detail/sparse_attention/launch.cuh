@@ -203,7 +203,7 @@ std::size_t workspace_size(plan<RowFormat> const& pl, params const& p)
 template <class RowFormat>
 cudaError_t run(params const& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream)
 {
-  if (!check<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
+  if (!params_problem<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
   if (p.batch == 0) { return cudaSuccess; }
   plan<RowFormat> pl{nullptr};
   cudaError_t const status = detail::cached_plan(pl);
@@ -216,7 +216,7 @@ cudaError_t run(plan<RowFormat> const& pl, params const& p, void* workspace, std
                 cudaStream_t stream)
 {
   using traits = format_traits<RowFormat>;
-  if (!check<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
+  if (!params_problem<RowFormat>(p).empty()) { return cudaErrorInvalidValue; }
   if (p.batch == 0) { return cudaSuccess; }
   if (pl.num_sms() <= 0) { return cudaErrorInvalidValue; }
   if (pl.compute_major() < 8) { return cudaErrorInvalidDevice; }

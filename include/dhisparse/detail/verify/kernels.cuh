@@ -17,6 +17,7 @@
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/request_block.cuh>
 #include <dhisparse/error.cuh>
+#include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
 
 #include <cuda_runtime_api.h>

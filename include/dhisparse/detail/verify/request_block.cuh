@@ -10,6 +10,7 @@
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/detail/verify/row_pass.cuh>
+#include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
 
 #include <cstdint>

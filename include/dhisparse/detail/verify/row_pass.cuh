@@ -9,6 +9,7 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/fixed_point.hpp>
+#include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
 
 #include <cstdint>
