@@ -8,14 +8,14 @@
 #
 #   scripts/fuzz.sh [build-dir]                      (default: build-fuzz)
 #   FUZZ_SECONDS=N      seconds per target (default: 60)
-#   FUZZ_TARGETS="…"    targets to run (default: all four)
+#   FUZZ_TARGETS="…"    targets to run (default: all five)
 #   JOBS=N              parallel build jobs (default: nproc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/setup.sh
 build=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-"trace_reader hierarchy_config selections verify_inputs"}
+targets=${FUZZ_TARGETS:-"trace_reader hierarchy_config selections verify_inputs host_layout"}
 jobs=${JOBS:-$(nproc)}
 
 install_build_tools

@@ -225,6 +225,38 @@ def verify_seeds():
                                                          strides=boolean(False) + integer(3, 3, 7) + boolean(True) * 3))
 
 
+# ---- host_layout: described host pages (fuzz/host_layout.hpp) ----------------------------
+
+def layout_bytes(units, max_units, off=0):
+    return integer(units, 0, max_units) + (integer(0, 0, 7) + integer(off, 1, 15) if off else integer(1, 0, 7))
+
+
+def layout_seed(layers, page_log, groups=None, page_units=None, page_off=0):
+    out = integer(len(layers), 1, 4) + b"".join(integer(l, 1, 4) for l in layers) + integer(page_log, 0, 6)
+    out += boolean(groups is not None)
+    if groups is not None:
+        out += integer(len(groups), 0, 5)
+        for offset, offset_off, stride, stride_off in groups:
+            out += layout_bytes(offset, 256, offset_off) + layout_bytes(stride, 32, stride_off)
+    out += boolean(page_units is not None)
+    if page_units is not None:
+        out += layout_bytes(page_units, 4096, page_off)
+    return out
+
+
+def layout_seeds():
+    # Rows of 16 bytes; groups of 2 and 1 layers; 8 positions a page.
+    write("host_layout", "valid_packed", layout_seed([2, 1], 3))
+    write("host_layout", "valid_padded_page", layout_seed([2, 1], 3, page_units=28))
+    # An engine's page: position-major, group 1's row first, one 16-byte pad per position.
+    engine = [(1, 0, 4, 0), (0, 0, 4, 0)]
+    write("host_layout", "valid_interleaved", layout_seed([2, 1], 3, groups=engine, page_units=32))
+    write("host_layout", "invalid_overlapping", layout_seed([2, 1], 3, groups=[(1, 0, 4, 0), (2, 0, 4, 0)]))
+    write("host_layout", "invalid_unaligned", layout_seed([2, 1], 3, groups=[(1, 3, 4, 0), (0, 0, 4, 0)]))
+    write("host_layout", "invalid_group_count", layout_seed([2, 1], 3, groups=[(0, 0, 4, 0)]))
+    write("host_layout", "invalid_page_too_small", layout_seed([2, 1], 3, groups=engine, page_units=20))
+
+
 # ---- reproducers of findings (docs/reliability.md) --------------------------------------
 
 def finding_inputs():
@@ -247,3 +279,4 @@ if __name__ == "__main__":
     trace_seeds()
     hierarchy_seeds()
     verify_seeds()
+    layout_seeds()

@@ -8,6 +8,7 @@
 
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.hpp>
+#include <dhisparse/detail/host_layout.hpp>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/host/hierarchy.hpp>
 #include <dhisparse/policy/adaptive_budget.cuh>
@@ -349,4 +350,17 @@ TEST_CASE("F4: verify_params_problem rejects strides whose rows overflow 64 bits
   CHECK(verify_params_problem(a).empty());  // one request: offsets below 12
   a.capacity = 2;  // capacity × p_request_stride = 2^63 (the bound checked, a little conservative)
   CHECK_THAT(verify_params_problem(a), Catch::Contains("p_request_stride is too large"));
+}
+
+TEST_CASE("F18: a host page layout without layer groups is refused", "[fuzz]")
+{
+  host_store_config c;
+  c.tokens_per_page      = 8;
+  std::size_t page_bytes = 1;
+  CHECK_THROWS_WITH(detail::make_group_layouts(c, {}, 16, page_bytes), Catch::Contains("must not be empty"));
+  c.page_bytes = 256;  // a described page changes nothing
+  CHECK_THROWS_WITH(detail::make_group_layouts(c, {}, 16, page_bytes), Catch::Contains("must not be empty"));
+  CHECK(page_bytes == 1);  // nothing written
+  CHECK(detail::make_group_layouts(c, {2}, 16, page_bytes).size() == 1);
+  CHECK(page_bytes == 256);
 }

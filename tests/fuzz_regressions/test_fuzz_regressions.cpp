@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "hierarchy_ops.hpp"
+#include "host_layout.hpp"
 #include "trace_reader.hpp"
 #include "verify_inputs.hpp"
 
@@ -73,4 +74,20 @@ TEST_CASE("kept fuzz inputs replay cleanly: selections", "[fuzz]")
 TEST_CASE("kept fuzz inputs replay cleanly: verify_inputs", "[fuzz]")
 {
   replay_kept("verify_inputs", fuzz::verify_inputs_target);
+}
+
+TEST_CASE("kept fuzz inputs replay cleanly: host_layout", "[fuzz]")
+{
+  replay_kept("host_layout", fuzz::host_layout_target);
+  // The seeds say what they are: valid layouts are accepted, invalid ones rejected.
+  for (auto const& file : kept_inputs("host_layout")) {
+    std::ifstream in(file, std::ios::binary);
+    std::vector<std::uint8_t> const bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::string const name = file.filename().string();
+    INFO(name);
+    if (name.rfind("valid_", 0) == 0) { CHECK_NOTHROW(fuzz::host_layout_target(bytes.data(), bytes.size())); }
+    if (name.rfind("invalid_", 0) == 0) {
+      CHECK_THROWS_AS(fuzz::host_layout_target(bytes.data(), bytes.size()), dhisparse::error);
+    }
+  }
 }

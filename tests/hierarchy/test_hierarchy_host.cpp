@@ -484,6 +484,9 @@ TEST_CASE("host reference: adopted pages of a caller's host KV in its own layout
   CHECK_THAT(layout_error([&](host_store_config& c) { c.page_bytes = tpp * stride - 64; }),
              Catch::Contains("smaller than the rows of a page"));
   CHECK(layout_error([](host_store_config&) {}).empty());
+  auto overlapping              = cfg;
+  overlapping.host.groups[1].offset = 2 * fp8::bytes;
+  CHECK_THROWS_WITH(ref_lru(overlapping), Catch::Contains("overlapping"));  // at construction, as the GPU store
   // The packed layout when nothing is described; page padding alone is allowed.
   std::size_t packed = 0, padded = 0;
   auto packed_layout = detail::make_group_layouts(small_config().host, cfg.group_layers, fp8::bytes, packed);

@@ -25,6 +25,7 @@ inline constexpr std::size_t host_row_alignment = 16;
 inline std::vector<group_layout> make_group_layouts(host_store_config const& config, std::vector<int> const& group_layers,
                                               std::size_t row_bytes, std::size_t& page_bytes)
 {
+  DHISPARSE_EXPECTS(!group_layers.empty(), "host_store: group_layers must not be empty");
   std::size_t const tokens = std::size_t(std::max(config.tokens_per_page, 1));
   std::vector<group_layout> layouts;
   std::size_t offset = 0;

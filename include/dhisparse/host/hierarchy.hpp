@@ -71,6 +71,8 @@ class kv_hierarchy {
   explicit kv_hierarchy(hierarchy_config config)
     : config_{std::move(config)}, ledger_{(detail::validate(config_), config_)}
   {
+    std::size_t page_bytes = 0;  // a described page layout is checked as the GPU store checks it
+    detail::make_group_layouts(config_.host, config_.group_layers, RowFormat::bytes, page_bytes);
     int const groups = config_.num_groups();
     for (int g = 0; g < groups; ++g) {
       group_offset_.push_back(total_row_bytes_);
