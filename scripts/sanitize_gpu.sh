@@ -143,26 +143,21 @@ for line in "${tests[@]}"; do
   done
 done
 
-# The runs SANITIZE_SKIP names are left out (reported).
+# The runs SANITIZE_SKIP names are left out (listed), those SANITIZE_FIRST names go first.
 skip=${SANITIZE_SKIP-synccheck test_sparse_attention}
-if [ -n "$skip" ]; then
-  kept=()
-  for run in "${runs[@]}"; do
-    IFS=$'\t' read -r -a field <<<"$run"
-    if [[ "${field[0]} ${field[2]}" =~ $skip ]]; then echo "skipped (SANITIZE_SKIP): ${field[0]} ${field[1]}"; else kept+=("$run"); fi
-  done
-  runs=("${kept[@]}")
-fi
-
-# The runs SANITIZE_FIRST names go first.
-if [ -n "${SANITIZE_FIRST:-}" ]; then
-  first=() rest=()
-  for run in "${runs[@]}"; do
-    IFS=$'\t' read -r -a field <<<"$run"
-    if [[ "${field[0]} ${field[2]}" =~ $SANITIZE_FIRST ]]; then first+=("$run"); else rest+=("$run"); fi
-  done
-  runs=("${first[@]}" "${rest[@]}")
-fi
+first=() rest=()
+for run in "${runs[@]}"; do
+  IFS=$'\t' read -r -a field <<<"$run"
+  what="${field[0]} ${field[2]}"
+  if [[ -n "$skip" && "$what" =~ $skip ]]; then
+    echo "skipped (SANITIZE_SKIP): ${field[0]} ${field[1]}"
+  elif [[ -n "${SANITIZE_FIRST:-}" && "$what" =~ $SANITIZE_FIRST ]]; then
+    first+=("$run")
+  else
+    rest+=("$run")
+  fi
+done
+runs=("${first[@]}" "${rest[@]}")
 
 # At most $jobs runs at a time; none starts after the deadline.
 for run in "${runs[@]}"; do

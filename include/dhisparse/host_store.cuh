@@ -60,8 +60,6 @@
 
 namespace dhisparse {
 
-static_assert(detail::host_row_alignment == row_alignment);
-
 /// Consecutive positions of one (request, group, layer) inside one host page: row k is at
 /// `first + k × stride` for k < `count` (the positions up to the page's end).
 struct host_row_run {

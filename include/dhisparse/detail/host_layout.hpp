@@ -8,6 +8,7 @@
 
 #include <dhisparse/error.hpp>
 #include <dhisparse/hierarchy_config.hpp>
+#include <dhisparse/row_format.cuh>  // row_alignment (plain C++)
 
 #include <algorithm>
 #include <cstddef>
@@ -16,9 +17,6 @@
 #include <vector>
 
 namespace dhisparse::detail {
-
-/// Alignment of rows, pages and group placements in the host store (bytes).
-inline constexpr std::size_t host_row_alignment = 16;
 
 /// Each group's place in a page (packed, or as `config` describes it, checked: aligned,
 /// inside the page, no two rows overlapping); `page_bytes` receives the bytes of a page.
@@ -49,7 +47,7 @@ inline std::vector<group_layout> make_group_layouts(host_store_config const& con
     host_group_placement const& at = config.groups[g];
     std::size_t const group_row    = layouts[g].row_bytes;
     std::string const which        = what + "groups[" + std::to_string(g) + "]";
-    DHISPARSE_EXPECTS(at.offset % host_row_alignment == 0 && at.token_stride % host_row_alignment == 0,
+    DHISPARSE_EXPECTS(at.offset % row_alignment == 0 && at.token_stride % row_alignment == 0,
                       which + ": offset and token_stride must be multiples of 16");
     DHISPARSE_EXPECTS(at.token_stride >= group_row, which + ": token_stride (" + std::to_string(at.token_stride) +
                                                       ") is smaller than the group row (" +
@@ -67,11 +65,11 @@ inline std::vector<group_layout> make_group_layouts(host_store_config const& con
                         std::to_string(rows[i].first) + ")");
   }
   if (config.groups.empty()) { end = page_bytes; }
-  DHISPARSE_EXPECTS(config.page_bytes % host_row_alignment == 0, what + "page_bytes must be a multiple of 16");
+  DHISPARSE_EXPECTS(config.page_bytes % row_alignment == 0, what + "page_bytes must be a multiple of 16");
   DHISPARSE_EXPECTS(config.page_bytes == 0 || config.page_bytes >= end,
                     what + "page_bytes (" + std::to_string(config.page_bytes) + ") is smaller than the rows of a page (" +
                       std::to_string(end) + " bytes)");
-  page_bytes = config.page_bytes != 0 ? config.page_bytes : (end + host_row_alignment - 1) / host_row_alignment * host_row_alignment;
+  page_bytes = config.page_bytes != 0 ? config.page_bytes : (end + row_alignment - 1) / row_alignment * row_alignment;
   return layouts;
 }
 
