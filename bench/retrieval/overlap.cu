@@ -156,7 +156,8 @@ int main(int argc, char** argv)
 
   std::vector<cudaEvent_t> ev(4 * groups + 8);
   for (auto& e : ev) { DHISPARSE_CUDA_TRY(cudaEventCreate(&e)); }
-  auto elapsed = [](cudaEvent_t a, cudaEvent_t b) {
+  auto elapsed = [](cudaEvent_t a, cudaEvent_t b) {  // b may be on a stream the caller did not wait for
+    DHISPARSE_CUDA_TRY(cudaEventSynchronize(b));
     float t = 0;
     DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&t, a, b));
     return double(t);

@@ -34,27 +34,16 @@ ds::request_id rid(std::uint64_t id) { return ds::request_id{id}; }
  * Attention workspace that serves every K up to max_top_k: `run` splits a selection by the
  * SM count and the number of tiles of K, and the split count is not monotonic in K, so the
  * largest over all K is taken once here (a captured step may then use any K).
- * `workspace_size` checks the whole argument struct (non-null, aligned pointers) although
- * only the shapes matter: aligned placeholders stand for the buffers of later calls.
  */
 std::size_t workspace_for_every_top_k(mla_shape const& s, int num_sms)
 {
-  void* const placeholder = reinterpret_cast<void*>(std::uintptr_t{ds::row_alignment * 16});
-  sa::params p{};
-  p.queries       = static_cast<ds::bf16 const*>(placeholder);
-  p.rows          = static_cast<std::byte const*>(placeholder);
-  p.slots         = static_cast<std::int32_t const*>(placeholder);
-  p.out           = static_cast<ds::bf16*>(placeholder);
-  p.row_stride    = row::bytes;
-  p.num_slots     = s.device_slots_per_group;
-  p.batch         = s.max_batch;
-  p.num_queries   = s.max_queries;
-  p.num_heads     = s.num_heads;
-  p.softmax_scale = 1.f;
+  sa::params p{};  // only the shape matters for sizing (sparse_attention::shape_problem)
+  p.batch       = s.max_batch;
+  p.num_queries = s.max_queries;
+  p.num_heads   = s.num_heads;
   std::size_t most = 0;
   for (int k = 1; k <= s.max_top_k; ++k) {
     p.top_k = k;
-    sa::set_contiguous_strides<row>(p);
     most = std::max(most, sa::workspace_size<row>(p, num_sms));
   }
   return most;

@@ -49,7 +49,9 @@ namespace dhisparse::sparse_attention {
 
 /**
  * @brief Bytes of workspace `run` needs for `p` on a device with `num_sms` multiprocessors
- *        (0 when no split-K is used). Throws `dhisparse::error` on bad arguments.
+ *        (0 when no split-K is used). Reads only the shape of `p` (`batch`, `num_queries`,
+ *        `top_k`, `num_heads`, `num_splits`): pointers and strides may still be unset.
+ *        Throws `dhisparse::error` on a bad shape (`shape_problem`).
  * @tparam RowFormat `row_format::mla_bf16_576`, `row_format::mla_fp8_656` or
  *         `row_format::mha<KvHeads, 128, bf16>`
  */

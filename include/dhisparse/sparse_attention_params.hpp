@@ -163,6 +163,41 @@ inline bool aligned_to(void const* ptr, std::size_t bytes)
 }  // namespace detail
 
 /**
+ * @brief The checks of `params_problem` that concern the call's shape only (`batch`,
+ *        `num_queries`, `top_k`, `num_heads`, `num_splits`): what `workspace_size` and
+ *        `num_splits` need, so that a binding can size the workspace before it has buffers.
+ * @tparam RowFormat the row format of `rows`
+ */
+template <class RowFormat>
+std::string shape_problem(params const& p)
+{
+  using traits = format_traits<RowFormat>;
+  static_assert(traits::supported,
+                "sparse_attention: RowFormat must be mla_bf16_576, mla_fp8_656 or "
+                "mha<KvHeads, 128, bf16>");
+  auto const str = [](auto v) { return std::to_string(v); };
+  if (p.batch < 0) { return "sparse_attention: batch (" + str(p.batch) + ") is negative"; }
+  if (p.num_queries < 1) { return "sparse_attention: num_queries (" + str(p.num_queries) + ") must be >= 1"; }
+  if (p.top_k < 1 || p.top_k > max_top_k) {
+    return "sparse_attention: top_k (" + str(p.top_k) + ") must be in [1, " + str(max_top_k) + "]";
+  }
+  if constexpr (traits::is_mla) {
+    if (p.num_heads != 16 && p.num_heads != 32 && p.num_heads != 64 && p.num_heads != 128) {
+      return "sparse_attention: num_heads (" + str(p.num_heads) + ") must be 16, 32, 64 or 128 for MLA";
+    }
+  } else {
+    if (p.num_heads < traits::kv_heads || p.num_heads % traits::kv_heads != 0) {
+      return "sparse_attention: num_heads (" + str(p.num_heads) + ") must be a positive multiple of the " +
+             str(traits::kv_heads) + " KV heads";
+    }
+  }
+  if (p.num_splits < 0 || p.num_splits > max_splits) {
+    return "sparse_attention: num_splits (" + str(p.num_splits) + ") must be in [0, " + str(max_splits) + "]";
+  }
+  return {};
+}
+
+/**
  * @brief Checks the host-side arguments; returns an empty string when they are valid,
  *        otherwise a message naming the first bad argument ("sparse_attention: …"). `run`
  *        returns `cudaErrorInvalidValue` when it reports a problem.
@@ -181,30 +216,12 @@ inline bool aligned_to(void const* ptr, std::size_t bytes)
 template <class RowFormat>
 std::string params_problem(params const& p)
 {
-  using traits = format_traits<RowFormat>;
-  static_assert(traits::supported,
-                "sparse_attention: RowFormat must be mla_bf16_576, mla_fp8_656 or "
-                "mha<KvHeads, 128, bf16>");
-  auto const str = [](auto v) { return std::to_string(v); };
+  auto const str = [](auto v) { return std::to_string(v); };  // RowFormat is checked by shape_problem
   if (p.queries == nullptr) { return "sparse_attention: queries is null"; }
   if (p.rows == nullptr) { return "sparse_attention: rows is null"; }
   if (p.slots == nullptr) { return "sparse_attention: slots is null"; }
   if (p.out == nullptr) { return "sparse_attention: out is null"; }
-  if (p.batch < 0) { return "sparse_attention: batch (" + str(p.batch) + ") is negative"; }
-  if (p.num_queries < 1) { return "sparse_attention: num_queries (" + str(p.num_queries) + ") must be >= 1"; }
-  if (p.top_k < 1 || p.top_k > max_top_k) {
-    return "sparse_attention: top_k (" + str(p.top_k) + ") must be in [1, " + str(max_top_k) + "]";
-  }
-  if constexpr (traits::is_mla) {
-    if (p.num_heads != 16 && p.num_heads != 32 && p.num_heads != 64 && p.num_heads != 128) {
-      return "sparse_attention: num_heads (" + str(p.num_heads) + ") must be 16, 32, 64 or 128 for MLA";
-    }
-  } else {
-    if (p.num_heads < traits::kv_heads || p.num_heads % traits::kv_heads != 0) {
-      return "sparse_attention: num_heads (" + str(p.num_heads) + ") must be a positive multiple of the " +
-             str(traits::kv_heads) + " KV heads";
-    }
-  }
+  if (auto shape = shape_problem<RowFormat>(p); !shape.empty()) { return shape; }
   if (p.row_stride % row_alignment != 0 || p.row_stride < RowFormat::bytes || p.row_stride > 0xFFFFFFF0u) {
     return "sparse_attention: row_stride (" + str(p.row_stride) + ") must be a multiple of 16, >= " +
            str(RowFormat::bytes) + " (row bytes) and below 4 GiB";
@@ -226,9 +243,6 @@ std::string params_problem(params const& p)
   }
   if (p.num_slots < 0) { return "sparse_attention: num_slots (" + str(p.num_slots) + ") is negative"; }
   if (!std::isfinite(p.softmax_scale)) { return "sparse_attention: softmax_scale is not finite"; }
-  if (p.num_splits < 0 || p.num_splits > max_splits) {
-    return "sparse_attention: num_splits (" + str(p.num_splits) + ") must be in [0, " + str(max_splits) + "]";
-  }
   return {};
 }
 

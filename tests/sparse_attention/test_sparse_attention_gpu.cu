@@ -426,10 +426,16 @@ TEST_CASE("run rejects bad arguments without launching", "[errors][small]")
   sa::params p = dp.p;
   p.queries    = nullptr;
   CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);
-  CHECK_THROWS_AS(sa::workspace_size<mla_bf16>(p), dhisparse::error);
+  // Sizing reads the shape only: a binding sizes the workspace before it has buffers.
+  p.rows  = nullptr;
+  p.slots = nullptr;
+  p.out   = nullptr;
+  CHECK(sa::workspace_size<mla_bf16>(p) == dp.workspace.size());
+  CHECK(sa::num_splits<mla_bf16>(p, 132) == sa::num_splits<mla_bf16>(dp.p, 132));
   p            = dp.p;
   p.num_heads  = 48;
   CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);
+  CHECK_THROWS_AS(sa::workspace_size<mla_bf16>(p), dhisparse::error);
   p            = dp.p;
   p.top_k      = sa::max_top_k + 1;
   CHECK(sa::run<mla_bf16>(p, dp.workspace.data(), dp.workspace.size(), nullptr) == cudaErrorInvalidValue);

@@ -97,7 +97,7 @@ inline cudaError_t current_device_shape(int& num_sms, int& major)
 template <class RowFormat>
 std::size_t workspace_size(params const& p, int num_sms)
 {
-  validate<RowFormat>(p);
+  DHISPARSE_EXPECTS_NO_PROBLEM(shape_problem<RowFormat>(p));
   DHISPARSE_EXPECTS(num_sms > 0, "sparse_attention::workspace_size: num_sms must be positive");
   return detail::make_plan<RowFormat>(p, num_sms).workspace_bytes;
 }
@@ -114,7 +114,7 @@ std::size_t workspace_size(params const& p)
 template <class RowFormat>
 int num_splits(params const& p, int num_sms)
 {
-  validate<RowFormat>(p);
+  DHISPARSE_EXPECTS_NO_PROBLEM(shape_problem<RowFormat>(p));
   DHISPARSE_EXPECTS(num_sms > 0, "sparse_attention::num_splits: num_sms must be positive");
   return detail::make_plan<RowFormat>(p, num_sms).args.num_splits;
 }
