@@ -489,6 +489,7 @@ int main(int argc, char** argv)
       DHISPARSE_CUDA_TRY(cudaMemcpy(&c0, ha->counters(0), sizeof c0, cudaMemcpyDeviceToHost));
       std::int32_t free_now = 0;
       DHISPARSE_CUDA_TRY(cudaMemcpy(&free_now, ha->pool_ref(0).free_count, 4, cudaMemcpyDeviceToHost));
+      spin(stream);  // the reclaim is enqueued before the GPU reaches `start`
       DHISPARSE_CUDA_TRY(cudaEventRecord(start, stream));
       ha->reclaim(0, free_now + release, stream);
       DHISPARSE_CUDA_TRY(cudaEventRecord(stop, stream));

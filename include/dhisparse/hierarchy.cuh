@@ -135,7 +135,8 @@ class kv_hierarchy {
         std::int32_t const segments = reclaim_segments(config_);
         reclaim_memory_.emplace_back(reclaim_scratch_size(shape.num_slots, segments), device, stream);
         reclaim_memory_.back().fill_bytes(0, stream);
-        reclaim_scratch_.push_back(make_reclaim_scratch(reclaim_memory_.back().data(), shape.num_slots, segments));
+        reclaim_scratch_.push_back(make_reclaim_scratch(reclaim_memory_.back().data(), shape.num_slots, segments,
+                                                        config_.reclaim_sample_slots));
       }
     }
     if constexpr (reclaims) {

@@ -144,6 +144,10 @@ struct hierarchy_config {
   /// Shared budgets: optional rows a reclaim releases beyond what the step needs, so that one
   /// pass over the pool serves several steps (-1: device_slots_per_group / 64).
   std::int64_t reclaim_batch = -1;
+  /// Shared budgets in global order: slots a reclaim samples to bound the keys it reads
+  /// (0: no sample, every eligible row is a candidate). Speed only: which rows are released
+  /// does not depend on it; tests use small samples to exercise the pass that follows a miss.
+  int reclaim_sample_slots = 65536;
   host_store_config host{};
   /// Optional caller-owned slab per group (device memory, 16-byte aligned, at least
   /// device_slots_per_group × layers × row bytes). Empty: the hierarchy allocates.
@@ -208,6 +212,7 @@ inline void validate(hierarchy_config const& c)
                       "): the dirty list of max_batch × max_queries × backup_interval_steps rows must hold at most " +
                       std::to_string(max_dirty_rows) + " rows");
   DHISPARSE_EXPECTS(c.reclaim_low_watermark >= 0, "hierarchy_config.reclaim_low_watermark must not be negative");
+  DHISPARSE_EXPECTS(c.reclaim_sample_slots >= 0, "hierarchy_config.reclaim_sample_slots must not be negative");
   DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),
                     "hierarchy_config.slab_memory must be empty or hold one slab per group");
   DHISPARSE_EXPECTS(c.device_slots_per_group > 0 && c.device_slots_per_group < (std::int64_t{1} << 31),

@@ -12,7 +12,11 @@
  *   level gives nothing, ties at the level go to the lower request indices.
  * The selection is exact and deterministic (a radix select over the candidates, in one
  * cooperative kernel with grid-wide barriers), so the host reference releases the same
- * rows. Resolve runs it when a step needs more free slots than the pool has; an engine
+ * rows. In global order the candidates are first only the rows whose key is at most a
+ * bound estimated from a sample of slots (enough of them to hold the rows to release, with
+ * a margin); when fewer qualify, the remaining rows are added and the select runs over all.
+ * Either way the released rows are the same: the sample decides how much is read, not what
+ * is released. Resolve runs it when a step needs more free slots than the pool has; an engine
  * runs it to hand memory back (`set_pool_limit`) or to keep a reserve (`reclaim_async`).
  */
 #pragma once
@@ -39,7 +43,9 @@ struct reclaim_scratch_ref {
   std::int32_t* segment;     ///< [segments][6]: target, remaining, mode, eligible, ties, pad
   std::uint64_t* prefix;     ///< [segments][2]: key prefix, tie prefix
   std::uint64_t* scalars;    ///< [8]: candidates, key min, key max, tie min, tie max, …
+  std::uint32_t* sample;     ///< [4096 + 4]: key histogram of a sample of slots, its key range
   std::int32_t segments;     ///< 1 (global order) or max_requests (fair share)
+  std::int32_t sample_slots; ///< slots sampled for the key bound (global order; 0: no bound)
 };
 static_assert(std::is_trivially_copyable_v<reclaim_scratch_ref>);
 
@@ -60,8 +66,10 @@ struct reclaim_params {
 std::size_t reclaim_scratch_size(std::int32_t num_slots, std::int32_t segments);
 
 /// Carves a `reclaim_scratch_ref` out of `memory` (≥ `reclaim_scratch_size` bytes, 256-byte
-/// aligned, zero before the first reclaim; every reclaim leaves it so).
-reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, std::int32_t segments);
+/// aligned, zero before the first reclaim; every reclaim leaves it so). `sample_slots`: see
+/// `hierarchy_config::reclaim_sample_slots`.
+reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, std::int32_t segments,
+                                         std::int32_t sample_slots = 65536);
 
 /**
  * @brief Enqueues a reclaim of one pool on `stream`: releases the fewest optional rows in

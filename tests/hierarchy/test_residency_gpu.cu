@@ -28,10 +28,13 @@ namespace {
 constexpr int K = 64;
 using row       = row_format::opaque<64>;
 
-template <class Eviction, class Budget>
+/// `ReclaimSample`: `hierarchy_config::reclaim_sample_slots` (speed only; the variants with a
+/// tiny sample reach reclaim's pass over the rows above a bound that holds too few).
+template <class Eviction, class Budget, int ReclaimSample = 65536>
 struct combo {
-  using eviction = Eviction;
-  using budget   = Budget;
+  using eviction                     = Eviction;
+  using budget                       = Budget;
+  static constexpr int reclaim_sample = ReclaimSample;
 };
 
 using static_lru      = combo<policy::lru, policy::static_budget<256>>;
@@ -40,6 +43,9 @@ using static_lfu      = combo<policy::lfu_decay<16>, policy::static_budget<256>>
 using adaptive_lru    = combo<policy::lru, policy::adaptive_budget<>>;
 using fair_lru        = combo<policy::lru, policy::adaptive_budget<reclaim_order::fair_share>>;
 using adaptive_clock  = combo<policy::clock, policy::adaptive_budget<>>;
+using lru_sample_2    = combo<policy::lru, policy::adaptive_budget<>, 2>;
+using clock_sample_16 = combo<policy::clock, policy::adaptive_budget<>, 16>;
+using lru_no_sample   = combo<policy::lru, policy::adaptive_budget<>, 0>;
 using adaptive_scores = combo<policy::score_ema<1, 4, 20>, policy::adaptive_budget<reclaim_order::fair_share>>;
 using resident        = combo<policy::lru, policy::resident_budget>;
 
@@ -73,14 +79,15 @@ hierarchy_config residency_config()
 
 TEMPLATE_TEST_CASE("random operations under pressure: GPU and reference make the same decisions",
                    "[residency][gpu]", static_lru, static_clock, static_lfu, adaptive_lru, fair_lru, adaptive_clock,
-                   adaptive_scores, resident)
+                   adaptive_scores, resident, lru_sample_2, clock_sample_16, lru_no_sample)
 {
   using Eviction = typename TestType::eviction;
   using Budget   = typename TestType::budget;
   auto rng                 = test::seeded_engine("residency gpu random ops");
   std::uint64_t const salt = rng();
   stream_guard stream;
-  auto const config = residency_config<Budget>();
+  auto config                 = residency_config<Budget>();
+  config.reclaim_sample_slots = TestType::reclaim_sample;
   test::twin<row, Eviction, Budget> t(config, salt, stream.s);
   std::vector<std::uint64_t> live;
   std::uint64_t next_id = 1;

@@ -3,8 +3,12 @@
  * @brief The cooperative reclaim kernel (see reclaim.cuh for the contract).
  *
  * One launch, grid-wide barriers between the passes:
- * 1. candidates: every clean, unpinned, non-empty slot below the pool limit, with its
- *    eviction key (kept in `pool.keys`) and its tie-break (position, request);
+ * 0. (global order) a bound on the keys worth reading: a histogram of the keys of a strided
+ *    sample of slots, and the key below which the sample holds the rows to release with a
+ *    margin;
+ * 1. candidates: every clean, unpinned, non-empty slot below the pool limit whose key is at
+ *    most the bound (all of them when fewer than needed are), with its eviction key (kept in
+ *    `pool.keys`) and its tie-break (position, request);
  * 2. targets: one segment (global order) or one per request (fair share: water filling
  *    over owned − floor);
  * 3. per segment, a radix select of its target count: 8-bit digits of the key (only the
@@ -44,7 +48,13 @@ enum segment_mode : std::int32_t {
   mode_tie    = 4,  ///< selecting the threshold tie-break among the threshold key
 };
 enum segment_field : int { f_target, f_remaining, f_mode, f_eligible, f_ties, f_fields = 6 };
-enum scalar_index : int { s_candidates, s_key_min, s_key_max, s_tie_min, s_tie_max, s_any_tie, s_ties, s_scalars = 8 };
+enum scalar_index : int {
+  s_candidates, s_key_min, s_key_max, s_tie_min, s_tie_max, s_any_tie, s_ties, s_rest, s_scalars = 8
+};
+
+/// The sampled key histogram: bins, then the complemented minimum and the maximum (u64).
+inline constexpr int sample_bins = 4096;
+inline constexpr int sample_per_thread = 4;
 
 inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, reclaim_scratch_ref* out,
                                  void* memory)
@@ -62,6 +72,7 @@ inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, 
   s.segment    = reinterpret_cast<std::int32_t*>(take(std::size_t(segments) * f_fields * 4));
   s.prefix     = reinterpret_cast<std::uint64_t*>(take(std::size_t(segments) * 2 * 8));
   s.scalars    = reinterpret_cast<std::uint64_t*>(take(s_scalars * 8));
+  s.sample     = reinterpret_cast<std::uint32_t*>(take((sample_bins + 4) * 4));
   s.segments   = segments;
   if (out != nullptr) { *out = s; }
   return offset;
@@ -180,6 +191,154 @@ DHISPARSE_DEVICE void fair_targets(reclaim_params const& p, int want)
   }
 }
 
+/**
+ * Global order: a key bound such that, by a strided sample of `sample_slots` slots at most,
+ * the eligible rows with key ≤ bound outnumber `want` with a margin (~0: no useful bound —
+ * most rows go anyway, or the sample says too few are eligible; a sample too small to
+ * estimate the rank gives its largest key). Two grid barriers; every block returns the same
+ * bound. Exactness does not depend on it (see `run`).
+ */
+template <class Eviction, int Block>
+DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, std::int32_t limit)
+{
+  namespace cg        = cooperative_groups;
+  auto grid           = cg::this_grid();
+  auto const& pool    = p.pool;
+  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
+  std::int64_t const first   = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  std::int64_t const n = min(std::int64_t(min(limit, p.scratch.sample_slots)), threads * sample_per_thread);
+  // Expected sampled rows among the `want` released, and a margin of ~4 standard deviations.
+  double const expected = double(want) * double(n) / double(max(limit, 1));
+  auto const rank       = std::int64_t(expected + 4.0 * sqrt(expected) + 8.0);
+  if (n <= 0 || std::int64_t(want) * 4 > limit) { return ~0ull; }
+  auto* range = reinterpret_cast<unsigned long long*>(p.scratch.sample + sample_bins);
+  std::uint64_t key[sample_per_thread];
+  bool ok[sample_per_thread];
+  std::uint64_t lo = ~0ull, hi = 0;
+#pragma unroll
+  for (int k = 0; k < sample_per_thread; ++k) {
+    std::int64_t const i = first + k * threads;
+    ok[k]                = false;
+    if (i < n) {
+      auto const slot = std::int32_t(i * limit / n);
+      ok[k]           = eligible(pool, slot, p.pin_epoch);
+      key[k]          = ok[k] ? Eviction::eviction_key(pool.state[slot], pool.position[slot]) : 0;
+      if (ok[k]) {
+        lo = min(lo, key[k]);
+        hi = max(hi, key[k]);
+      }
+    }
+  }
+  warp_min_max(lo, hi);
+  if ((threadIdx.x & 31) == 0 && lo <= hi) {
+    atomicMax(range, ~lo);
+    atomicMax(range + 1, hi);
+  }
+  grid.sync();
+  lo = ~range[0];
+  hi = range[1];
+  if (lo > hi) { return ~0ull; }  // no eligible row sampled: p.sample stays zero
+  if (rank >= n) { return hi; }   // a sample too small to place the rank: its largest key
+  int const shift = max(0, resolve::bit_width(hi - lo) - 12);
+#pragma unroll
+  for (int k = 0; k < sample_per_thread; ++k) {
+    if (ok[k]) { atomicAdd(p.scratch.sample + ((key[k] - lo) >> shift), 1u); }
+  }
+  grid.sync();
+  // The first bin at which the sample's running count reaches `rank`.
+  using scan = cub::BlockScan<unsigned, Block>;
+  __shared__ typename scan::TempStorage temp;
+  __shared__ int found;
+  constexpr int per_thread = sample_bins / Block;
+  static_assert(sample_bins % Block == 0);
+  unsigned bins[per_thread], sum = 0;
+#pragma unroll
+  for (int i = 0; i < per_thread; ++i) {
+    bins[i] = p.scratch.sample[threadIdx.x * per_thread + i];
+    sum += bins[i];
+  }
+  unsigned before = 0;
+  scan(temp).ExclusiveSum(sum, before);
+  if (threadIdx.x == 0) { found = sample_bins; }
+  __syncthreads();
+  if (before < rank && before + sum >= rank) {
+    int i = 0;
+    while (before + bins[i] < rank) { before += bins[i++]; }
+    found = int(threadIdx.x) * per_thread + i;
+  }
+  __syncthreads();
+  if (found >= sample_bins) { return ~0ull; }
+  // The bin's last key; ~0 when it would not fit in 64 bits.
+  std::uint64_t const width = std::uint64_t(found + 1) << shift;
+  if (shift >= 52 || width - 1 > ~0ull - lo) { return ~0ull; }
+  return lo + (width - 1);
+}
+
+/**
+ * Appends to `s.candidates[base + …]` (counting in `*counter`) every eligible slot whose
+ * key lies in (key_lo, key_hi] — key_lo exclusive only when `above` — leaving its key in
+ * `pool.keys`; folds keys and tie-breaks into the block's bounds. Each thread reads
+ * `Items` slots' positions and states before deciding, so the pass keeps loads in flight.
+ */
+template <class Eviction, int Block, int Items>
+DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::uint64_t key_lo, bool above,
+                              std::uint64_t key_hi, int* counter, int base, int owner_bits, std::uint64_t& kmin,
+                              std::uint64_t& kmax, std::uint64_t& tmin, std::uint64_t& tmax)
+{
+  using scan       = cub::BlockScan<int, Block>;
+  __shared__ typename scan::TempStorage temp;
+  __shared__ int block_base;
+  auto const& pool = p.pool;
+  auto const& s    = p.scratch;
+  bool const fair  = p.order == reclaim_order::fair_share;
+  std::int64_t const stride = std::int64_t(gridDim.x) * Block * Items;
+  for (std::int64_t tile = std::int64_t(blockIdx.x) * Block * Items; tile < limit; tile += stride) {
+    std::int32_t slot[Items], pos[Items];
+    policy_state state[Items];
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      std::int64_t const at = tile + std::int64_t(k) * Block + threadIdx.x;
+      slot[k]               = at < limit ? std::int32_t(at) : -1;
+      pos[k]                = slot[k] >= 0 ? pool.position[slot[k]] : -1;
+      state[k]              = slot[k] >= 0 ? pool.state[slot[k]] : policy_state{};
+    }
+    std::uint64_t key[Items];
+    bool ok[Items];
+    int mine = 0;
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      key[k] = Eviction::eviction_key(state[k], pos[k]);
+      ok[k]  = pos[k] >= 0 && key[k] <= key_hi && (!above || key[k] > key_lo) && eligible(pool, slot[k], p.pin_epoch);
+      mine += ok[k];
+    }
+    int rank = 0, total = 0;
+    scan(temp).ExclusiveSum(mine, rank, total);
+    if (threadIdx.x == 0) { block_base = total > 0 ? atomicAdd(counter, total) : 0; }
+    __syncthreads();
+    int at = base + block_base + rank;
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      if (!ok[k]) { continue; }
+      std::int32_t const owner = pool.owner[slot[k]];
+      std::uint64_t const tie  = (std::uint64_t(pos[k]) << owner_bits) | std::uint64_t(owner);
+      pool.keys[slot[k]]       = key[k];
+      s.candidates[at++]       = slot[k];
+      kmin                     = min(kmin, key[k]);
+      kmax                     = max(kmax, key[k]);
+      tmin                     = min(tmin, tie);
+      tmax                     = max(tmax, tie);
+    }
+    if (fair) {
+#pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        // converged lanes only (aggregated_add matches the active mask)
+        if (ok[k]) { aggregated_add(s.segment + f_eligible, unsigned(pool.owner[slot[k]] * f_fields), 1); }
+      }
+    }
+    __syncthreads();  // block_base and temp are reused by the next tile
+  }
+}
+
 template <class Eviction, int Block>
 DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
 {
@@ -201,25 +360,20 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   }
   __syncthreads();
 
-  // 1. Candidates (their keys cached in pool.keys), with the bounds of keys and ties.
+  // 0.–1. Candidates (their keys cached in pool.keys), with the bounds of keys and ties:
+  // in global order first those up to the sampled bound; when fewer than `want` are, the
+  // rest too (counted apart, after a barrier, so that every block takes the same branch).
+  // The select below then runs over a superset of the rows it releases either way.
   std::int32_t const limit = *pool.limit;
   std::uint64_t my_kmin = ~0ull, my_kmax = 0, my_tmin = ~0ull, my_tmax = 0;
-  for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < limit; base += threads) {
-    std::int32_t const slot = std::int32_t(base + threadIdx.x);
-    bool const ok           = slot < limit && eligible(pool, slot, p.pin_epoch);
-    int const at            = block_append<Block>(count, ok);
-    if (ok) {
-      std::int32_t const pos   = pool.position[slot];
-      std::int32_t const owner = pool.owner[slot];
-      std::uint64_t const key  = Eviction::eviction_key(pool.state[slot], pos);
-      std::uint64_t const tie  = (std::uint64_t(pos) << owner_bits) | std::uint64_t(owner);
-      pool.keys[slot]          = key;
-      s.candidates[at]         = slot;
-      my_kmin                  = min(my_kmin, key);
-      my_kmax                  = max(my_kmax, key);
-      my_tmin                  = min(my_tmin, tie);
-      my_tmax                  = max(my_tmax, tie);
-      if (fair) { aggregated_add(s.segment + f_eligible, unsigned(owner * f_fields), 1); }
+  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);
+  collect<Eviction, Block, 4>(p, limit, 0, false, bound, count, 0, owner_bits, my_kmin, my_kmax, my_tmin, my_tmax);
+  if (bound != ~0ull) {
+    grid.sync();
+    int const in_bound = *count;  // nothing appends to *count any more
+    if (in_bound < want) {
+      collect<Eviction, Block, 4>(p, limit, bound, true, ~0ull, reinterpret_cast<int*>(s.scalars + s_rest), in_bound,
+                                  owner_bits, my_kmin, my_kmax, my_tmin, my_tmax);
     }
   }
   warp_min_max(my_kmin, my_kmax);
@@ -240,7 +394,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   grid.sync();
 
   // 2. Targets.
-  int const n = *count;
+  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);
   if (blockIdx.x == 0) {
     if (fair) {
       fair_targets<Block>(p, want);
@@ -401,6 +555,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   for (std::int64_t i = first; i < std::int64_t(s.segments) * f_fields; i += threads) { s.segment[i] = 0; }
   for (std::int64_t i = first; i < std::int64_t(s.segments) * 2 * 256; i += threads) { s.hist[i] = 0; }
   if (first < s_scalars) { scalars[first] = 0; }
+  for (std::int64_t i = first; i < sample_bins + 4; i += threads) { s.sample[i] = 0; }
   if (first == 0) { atomicAdd(&pool.counters->reclaims, 1ull); }
 }
 
@@ -459,10 +614,12 @@ inline std::size_t reclaim_scratch_size(std::int32_t num_slots, std::int32_t seg
   return detail::reclaim::scratch_bytes(num_slots, segments, nullptr, nullptr);
 }
 
-inline reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, std::int32_t segments)
+inline reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, std::int32_t segments,
+                                                std::int32_t sample_slots)
 {
   reclaim_scratch_ref s{};
   detail::reclaim::scratch_bytes(num_slots, segments, &s, memory);
+  s.sample_slots = sample_slots;
   return s;
 }
 
