@@ -82,8 +82,9 @@ struct row_loader<1> {
 static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::per_unit * 32 == chunk_unit);
 
 /**
- * @brief One pass over a row: the mass of every chunk of R_k into `sh.chunk`, the totals
- *        of p, q and R_k, and the element status bits (per thread).
+ * @brief One pass over a row, or over the slice of CTA `rank` of `Ctas` (its chunks:
+ *        `chunk_owner`, cluster.cuh): the mass of every chunk of R_k into `sh.chunk`, the
+ *        totals of p, q and R_k, and the element status bits (per thread).
  *
  * `Mode` 0: R = P (no q read; candidate / one-hot corrections are applied to the chunk
  * masses afterwards); 1: R = max(0, P − Q), the chain case (k = 1, S_0 = 1); 2: k ≥ 1
@@ -92,9 +93,9 @@ static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::p
  * fp32 sums of the same clamped values expose (flagged as not normalized, as the host's
  * saturated mass is), so such a request's outputs are discarded.
  */
-template <int Vec, int Mode>
+template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
-                                   std::int64_t vocab)
+                                                std::int64_t vocab, int rank)
 {
   using loader           = row_loader<Vec>;
   constexpr bool with_q  = Mode != 0;
@@ -105,7 +106,7 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   std::int64_t const len = chunk_length(vocab);
   int const nchunks      = int((vocab + len - 1) / len);
   pass_sums s;
-  for (int c = warp; c < nchunks; c += block_warps) {
+  for (int c = rank * block_warps + warp; c < nchunks; c += Ctas * block_warps) {
     std::uint64_t csum = 0;
     for (std::int64_t unit = c * len; unit < (c + 1) * len; unit += chunk_unit) {
 #pragma unroll
@@ -159,16 +160,17 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   return s;
 }
 
-/// A pass over p alone (`DenseQ` false) or over p and q with k rejections.
-template <int Vec, bool DenseQ>
+/// A pass over p alone (`DenseQ` false) or over p and q with k rejections; CTA `rank` of
+/// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`).
+template <int Vec, bool DenseQ, int Ctas>
 __device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* qrow, int k,
-                              std::int64_t vocab)
+                              std::int64_t vocab, int rank)
 {
   if constexpr (!DenseQ) {
-    return row_pass_impl<Vec, 0>(sh, prow, qrow, k, vocab);
+    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank);
   } else {
-    return k == 1 ? row_pass_impl<Vec, 1>(sh, prow, qrow, k, vocab)
-                  : row_pass_impl<Vec, 2>(sh, prow, qrow, k, vocab);
+    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank)
+                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank);
   }
 }
 
