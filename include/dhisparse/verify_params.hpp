@@ -92,7 +92,7 @@ struct verify_params {
 
   /// CTAs per request (CUDA only; the outputs are the same for every choice): 0 = the
   /// launcher's choice (a cluster of `verify_cluster_ctas` where the device and the build
-  /// support clusters and the call reads full rows, else 1); 1 = one CTA walks each request;
+  /// support clusters and a greedy rule reads full rows, else 1); 1 = one CTA walks each request;
   /// `verify_cluster_ctas` = a cluster splits each row pass (`verify_async` returns
   /// `cudaErrorNotSupported` where clusters are not available).
   int ctas_per_request = 0;
