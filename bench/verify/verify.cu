@@ -8,7 +8,9 @@
  * limits measured in the same run (cudaMemcpy device→device, read + write counted, as in
  * BENCH.md; and a read-only streaming kernel), and the size of the full p and q tensors a
  * naive verifier would read. BENCH.md's target: reads of p and q at ≥ 50% of HBM
- * bandwidth.
+ * bandwidth. Every configuration runs with one CTA per request ("1 CTA") and, on devices
+ * with thread-block clusters, with a cluster of `verify_cluster_ctas` CTAs per request
+ * (the default there), one after the other in the same run.
  *
  * Synthetic distributions: per row, 32 "hot" tokens carry ~95% of the mass (logit boosts
  * 14, 13.65, …, over N(0, 1) noise logits); q shares the hot tokens with perturbed boosts,
@@ -294,94 +296,110 @@ int main(int argc, char** argv)
   json.set("hbm_copy_gbps", copy_gbps);
   json.set("hbm_read_gbps", read_gbps);
 
-  std::printf("\n%-28s %9s %9s %10s %10s %9s %9s %11s\n", "configuration", "time ms", "accepted", "read MB",
+  // Kernel shapes: one CTA per request, and a cluster per request where the device has them.
+  std::vector<int> shapes{1};
+  {
+    int device = 0, major = 0;
+    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major >= 9) { shapes.push_back(verify_cluster_ctas); }
+  }
+
+  std::printf("\n%-40s %9s %9s %10s %10s %9s %9s %11s\n", "configuration", "time ms", "accepted", "read MB",
               "read GB/s", "of copy", "of read", "p+q MB");
   for (config const& c : configs) {
-    bool const tree = c.topo == draft_topology::tree;
-    bool const cand = c.dist == draft_distribution::candidates;
-    verify_params a;
-    a.rule             = c.rule;
-    a.topology         = c.topo;
-    a.distribution     = c.dist;
-    a.capacity         = B;
-    a.max_drafts       = d;
-    a.vocab            = V;
-    a.num_candidates   = cand ? hot_tokens : 0;
-    a.draft_tokens     = tree ? (cand ? cand_tree_tokens : tree_tokens) : (cand ? cand_chain_tokens : chain_tokens);
-    a.first_child      = tree ? d_fc : nullptr;
-    a.next_sibling     = tree ? d_ns : nullptr;
-    a.p                = p;
-    a.q                = c.dist == draft_distribution::dense ? q : nullptr;
-    a.q_request_stride = std::int64_t(R) * V;
-    a.candidate_ids    = cand ? cids : nullptr;  // chain rows 0..d-1 of [B][d+1][K]: rows_q = d,
-    a.candidate_probs  = cand ? cprobs : nullptr;  // so chain candidates use a packed copy below
-    a.validate_all     = c.validate_all;
-    a.accepted         = accepted;
-    a.emitted          = emitted;
-    a.next_token       = next;
-    a.status           = status;
-    std::int32_t* chain_cids = nullptr;
-    float* chain_cprobs      = nullptr;
-    if (cand && !tree) {
-      // Chain candidate rows are [B][d][K]: drop every request's last row.
-      DHISPARSE_CUDA_TRY(cudaMalloc(&chain_cids, std::size_t(B) * d * hot_tokens * sizeof(std::int32_t)));
-      DHISPARSE_CUDA_TRY(cudaMalloc(&chain_cprobs, std::size_t(B) * d * hot_tokens * sizeof(float)));
-      DHISPARSE_CUDA_TRY(cudaMemcpy2D(chain_cids, std::size_t(d) * hot_tokens * 4, cids, std::size_t(R) * hot_tokens * 4,
-                                      std::size_t(d) * hot_tokens * 4, B, cudaMemcpyDeviceToDevice));
-      DHISPARSE_CUDA_TRY(cudaMemcpy2D(chain_cprobs, std::size_t(d) * hot_tokens * 4, cprobs,
-                                      std::size_t(R) * hot_tokens * 4, std::size_t(d) * hot_tokens * 4, B,
-                                      cudaMemcpyDeviceToDevice));
-      a.candidate_ids   = chain_cids;
-      a.candidate_probs = chain_cprobs;
-    }
-    if (c.dist == draft_distribution::dense && !tree) { a.q_request_stride = std::int64_t(R) * V; }
-    DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes, 0, runs * sizeof(std::uint64_t), stream));
-    a.rng                     = rng;  // checked here; each repetition uses its own offset below
-    a.bytes_read              = bytes;
-    DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
-    auto ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
-      verify_params r = a;
-      r.rng           = rng + 2 * rep;
-      r.bytes_read    = bytes + rep;
-      DHISPARSE_CUDA_TRY(verify_async(r, stream));
-    });
-    std::uint32_t bits = 0;
-    DHISPARSE_CUDA_TRY(cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost));
-    if (bits != 0) {  // the synthetic inputs are valid: a status bit is a bug, reported and skipped
-      std::printf("%-28s status %#x: %s\n", c.name, bits, describe_status(bits, status_format::explained).c_str());
+    for (int const ctas : shapes) {
+      std::string const name =
+        std::string(c.name) + (ctas == 1 ? " [1 CTA]" : " [cluster " + std::to_string(ctas) + "]");
+      bool const tree = c.topo == draft_topology::tree;
+      bool const cand = c.dist == draft_distribution::candidates;
+      verify_params a;
+      a.rule             = c.rule;
+      a.topology         = c.topo;
+      a.distribution     = c.dist;
+      a.capacity         = B;
+      a.max_drafts       = d;
+      a.vocab            = V;
+      a.num_candidates   = cand ? hot_tokens : 0;
+      a.draft_tokens     = tree ? (cand ? cand_tree_tokens : tree_tokens) : (cand ? cand_chain_tokens : chain_tokens);
+      a.first_child      = tree ? d_fc : nullptr;
+      a.next_sibling     = tree ? d_ns : nullptr;
+      a.p                = p;
+      a.q                = c.dist == draft_distribution::dense ? q : nullptr;
+      a.q_request_stride = std::int64_t(R) * V;
+      a.candidate_ids    = cand ? cids : nullptr;  // chain rows 0..d-1 of [B][d+1][K]: rows_q = d,
+      a.candidate_probs  = cand ? cprobs : nullptr;  // so chain candidates use a packed copy below
+      a.validate_all     = c.validate_all;
+      a.accepted         = accepted;
+      a.emitted          = emitted;
+      a.next_token       = next;
+      a.status           = status;
+      a.ctas_per_request = ctas;
+      std::int32_t* chain_cids = nullptr;
+      float* chain_cprobs      = nullptr;
+      if (cand && !tree) {
+        // Chain candidate rows are [B][d][K]: drop every request's last row.
+        DHISPARSE_CUDA_TRY(cudaMalloc(&chain_cids, std::size_t(B) * d * hot_tokens * sizeof(std::int32_t)));
+        DHISPARSE_CUDA_TRY(cudaMalloc(&chain_cprobs, std::size_t(B) * d * hot_tokens * sizeof(float)));
+        DHISPARSE_CUDA_TRY(cudaMemcpy2D(chain_cids, std::size_t(d) * hot_tokens * 4, cids, std::size_t(R) * hot_tokens * 4,
+                                        std::size_t(d) * hot_tokens * 4, B, cudaMemcpyDeviceToDevice));
+        DHISPARSE_CUDA_TRY(cudaMemcpy2D(chain_cprobs, std::size_t(d) * hot_tokens * 4, cprobs,
+                                        std::size_t(R) * hot_tokens * 4, std::size_t(d) * hot_tokens * 4, B,
+                                        cudaMemcpyDeviceToDevice));
+        a.candidate_ids   = chain_cids;
+        a.candidate_probs = chain_cprobs;
+      }
+      if (c.dist == draft_distribution::dense && !tree) { a.q_request_stride = std::int64_t(R) * V; }
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes, 0, runs * sizeof(std::uint64_t), stream));
+      a.rng                     = rng;  // checked here; each repetition uses its own offset below
+      a.bytes_read              = bytes;
+      DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
+      auto ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
+        verify_params r = a;
+        r.rng           = rng + 2 * rep;
+        r.bytes_read    = bytes + rep;
+        DHISPARSE_CUDA_TRY(verify_async(r, stream));
+      });
+      std::uint32_t bits = 0;
+      DHISPARSE_CUDA_TRY(cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost));
+      if (bits != 0) {  // the synthetic inputs are valid: a status bit is a bug, reported and skipped
+        std::printf("%-40s status %#x: %s\n", name.c_str(), bits,
+                    describe_status(bits, status_format::explained).c_str());
+        cudaFree(chain_cids);
+        cudaFree(chain_cprobs);
+        continue;
+      }
+      std::vector<std::uint64_t> read(runs);
+      DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), bytes, runs * 8, cudaMemcpyDeviceToHost));
+      std::vector<std::int32_t> acc(B);
+      DHISPARSE_CUDA_TRY(cudaMemcpy(acc.data(), accepted, B * 4, cudaMemcpyDeviceToHost));
+      double mean_acc = 0;
+      for (int x : acc) { mean_acc += x; }
+      mean_acc /= B;
+      std::vector<double> gbps;
+      double mean_bytes = 0;
+      for (int i = 0; i < opt.reps; ++i) {
+        gbps.push_back(double(read[opt.warmup + i]) / (ms[i] * 1e6));
+        mean_bytes += double(read[opt.warmup + i]) / opt.reps;
+      }
+      double const med_ms = bench::median(ms), med_gbps = bench::median(gbps);
+      double const rows_q = tree ? R : d;
+      double const full   = double(B) * R * V * 4 + (c.dist == draft_distribution::dense ? double(B) * rows_q * V * 4 : 0);
+      std::printf("%-40s %9.4f %9.2f %10.1f %10.0f %8.1f%% %8.1f%% %11.0f\n", name.c_str(), med_ms, mean_acc,
+                  mean_bytes / 1e6, med_gbps, 100 * med_gbps / copy_gbps, 100 * med_gbps / read_gbps, full / 1e6);
+      json.add_record();
+      json.field("configuration", c.name);
+      json.field("ctas_per_request", double(ctas));
+      json.field("median_ms", med_ms);
+      json.field("mean_accepted_last_rep", mean_acc);
+      json.field("bytes_read_mean", mean_bytes);
+      json.field("read_gbps_median", med_gbps);
+      json.field("fraction_of_copy_bw", med_gbps / copy_gbps);
+      json.field("fraction_of_read_bw", med_gbps / read_gbps);
+      json.field("full_p_q_bytes", full);
       cudaFree(chain_cids);
       cudaFree(chain_cprobs);
-      continue;
     }
-    std::vector<std::uint64_t> read(runs);
-    DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), bytes, runs * 8, cudaMemcpyDeviceToHost));
-    std::vector<std::int32_t> acc(B);
-    DHISPARSE_CUDA_TRY(cudaMemcpy(acc.data(), accepted, B * 4, cudaMemcpyDeviceToHost));
-    double mean_acc = 0;
-    for (int x : acc) { mean_acc += x; }
-    mean_acc /= B;
-    std::vector<double> gbps;
-    double mean_bytes = 0;
-    for (int i = 0; i < opt.reps; ++i) {
-      gbps.push_back(double(read[opt.warmup + i]) / (ms[i] * 1e6));
-      mean_bytes += double(read[opt.warmup + i]) / opt.reps;
-    }
-    double const med_ms = bench::median(ms), med_gbps = bench::median(gbps);
-    double const rows_q = tree ? R : d;
-    double const full   = double(B) * R * V * 4 + (c.dist == draft_distribution::dense ? double(B) * rows_q * V * 4 : 0);
-    std::printf("%-28s %9.4f %9.2f %10.1f %10.0f %8.1f%% %8.1f%% %11.0f\n", c.name, med_ms, mean_acc,
-                mean_bytes / 1e6, med_gbps, 100 * med_gbps / copy_gbps, 100 * med_gbps / read_gbps, full / 1e6);
-    json.add_record();
-    json.field("configuration", c.name);
-    json.field("median_ms", med_ms);
-    json.field("mean_accepted_last_rep", mean_acc);
-    json.field("bytes_read_mean", mean_bytes);
-    json.field("read_gbps_median", med_gbps);
-    json.field("fraction_of_copy_bw", med_gbps / copy_gbps);
-    json.field("fraction_of_read_bw", med_gbps / read_gbps);
-    json.field("full_p_q_bytes", full);
-    cudaFree(chain_cids);
-    cudaFree(chain_cprobs);
   }
   std::printf("\n'read' = bytes of p, q and candidate rows the kernel read (its bytes_read counter); 'p+q MB' = "
               "what reading every row would cost. Target (BENCH.md): read GB/s >= 50%% of HBM copy bandwidth.\n");

@@ -55,13 +55,16 @@ inline int vector_width(verify_params const& a);
  * @brief Verifies a batch of drafts on `stream` (asynchronous, allocation-free,
  *        graph-capturable).
  *
- * Clears `*a.status`, then runs one CTA per request (`a.capacity` CTAs). Requests at or
- * past `*a.batch_size` get empty outputs without reading their inputs.
+ * Clears `*a.status`, then runs one CTA per request (`a.capacity` CTAs), or on sm_90 and
+ * later a cluster of `verify_cluster_ctas` CTAs per request that split every full-row pass
+ * (`a.ctas_per_request` chooses; the outputs are the same). Requests at or past
+ * `*a.batch_size` get empty outputs without reading their inputs.
  *
  * @param a device pointers and shapes (see `verify_params`)
  * @param stream the stream to run on
  * @return `cudaErrorInvalidValue` when `verify_params_problem(a)` reports a problem (call
- *         it for the message), otherwise the launch status
+ *         it for the message), `cudaErrorNotSupported` when `a.ctas_per_request` asks for a
+ *         cluster the device or the build cannot run, otherwise the launch status
  */
 inline cudaError_t verify_async(verify_params const& a, cudaStream_t stream)
 {

@@ -24,6 +24,8 @@ namespace dhisparse {
 inline constexpr int max_verify_drafts = 256;
 /// Most candidate slots per row for `draft_distribution::candidates`.
 inline constexpr int max_verify_candidates = 128;
+/// CTAs of the thread-block cluster that shares one request's row passes on sm_90 and later.
+inline constexpr int verify_cluster_ctas = 8;
 
 /// How a draft is judged.
 enum class verify_rule : std::int32_t {
@@ -87,6 +89,13 @@ struct verify_params {
 
   float sum_tolerance = 1e-3f;  ///< allowed |Σ − 1| of a p / q row read in full
   bool validate_all   = false;  ///< also read and check every row a request could use
+
+  /// CTAs per request (CUDA only; the outputs are the same for every choice): 0 = the
+  /// launcher's choice (a cluster of `verify_cluster_ctas` where the device and the build
+  /// support clusters and a greedy rule reads full rows, else 1); 1 = one CTA walks each request;
+  /// `verify_cluster_ctas` = a cluster splits each row pass (`verify_async` returns
+  /// `cudaErrorNotSupported` where clusters are not available).
+  int ctas_per_request = 0;
 
   std::int32_t* accepted        = nullptr;  ///< [B] number of accepted drafts
   std::int32_t* emitted         = nullptr;  ///< [B][d+1] accepted drafts, then the target's token, then -1
@@ -186,6 +195,9 @@ inline std::string verify_params_problem(verify_params const& a)
     return bad("accepted / emitted / next_token are null");
   }
   if (a.status == nullptr) { return bad("status is null"); }
+  if (a.ctas_per_request != 0 && a.ctas_per_request != 1 && a.ctas_per_request != verify_cluster_ctas) {
+    return bad("ctas_per_request is not 0, 1 or verify_cluster_ctas = 8");
+  }
   return {};
 }
 

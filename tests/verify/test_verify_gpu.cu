@@ -29,6 +29,24 @@ namespace {
 
 bool small_run() { return std::getenv("DHISPARSE_TEST_SMALL") != nullptr; }
 
+/// Whether the current device has thread-block clusters (sm_90 and later).
+bool device_has_clusters()
+{
+  int device = 0, major = 0;
+  DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
+  DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
+}
+
+/// The kernel shapes every exactness test runs: one CTA per request, and where the device
+/// has clusters a cluster per request, asked for explicitly (so that a fallback to one CTA
+/// would fail the launch, not pass silently).
+std::vector<int> ctas_choices()
+{
+  if (device_has_clusters()) { return {1, verify_cluster_ctas}; }
+  return {1, 0};
+}
+
 /// A `verify_case` uploaded to the device, with device outputs.
 struct device_case {
   verify_params a;
@@ -116,11 +134,13 @@ void require_same(test::verify_case const& host, test::verify_case const& dev)
   REQUIRE(dev.bytes_read == host.bytes_read);
 }
 
-/// Runs a case on the device and on the host (flag mode, as the kernel behaves) and
-/// requires identical outputs; returns the host result.
-test::verify_case run_both(test::verify_case c)
+/// Runs a case on the device (with `ctas` CTAs per request: `ctas_per_request`) and on the
+/// host (flag mode, as the kernel behaves) and requires identical outputs; returns the host
+/// result.
+test::verify_case run_both(test::verify_case c, int ctas = 0)
 {
   device_case d(c);
+  d.a.ctas_per_request = ctas;
   d.poison();
   d.run();
   test::verify_case const dev = d.download(c);
@@ -201,12 +221,15 @@ TEST_CASE("GPU verification equals the host reference on random problems", "[ver
       o.row_pad    = s.row_pad;
       o.target_ids = k.ids;
       test::verify_case c = test::make_case(k.rule, k.topo, k.dist, small_run() ? 8 : 24, 6, s.V, 9, g, o);
-      INFO("V " << s.V << " rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist) << " ids "
-                << k.ids);
-      test::verify_case const r = run_both(c);
-      CHECK(r.status[0] == 0);
-      c.a.validate_all = true;
-      run_both(c);
+      for (int const ctas : ctas_choices()) {
+        INFO("V " << s.V << " rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist) << " ids "
+                  << k.ids << " ctas " << ctas);
+        c.a.validate_all          = false;
+        test::verify_case const r = run_both(c, ctas);
+        CHECK(r.status[0] == 0);
+        c.a.validate_all = true;
+        run_both(c, ctas);
+      }
     }
   }
 }
@@ -218,13 +241,18 @@ TEST_CASE("GPU verification equals the host reference at full vocabulary size", 
     test::case_options o;
     o.target_ids        = k.ids;
     test::verify_case c = test::make_case(k.rule, k.topo, k.dist, 6, 4, 151552, 32, g, o);
-    INFO("rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist));
-    CHECK(run_both(c).status[0] == 0);
+    for (int const ctas : ctas_choices()) {
+      INFO("rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist) << " ctas " << ctas);
+      CHECK(run_both(c, ctas).status[0] == 0);
+    }
   }
   // Over 2^20 tokens a chunk spans two 512-element units.
   test::verify_case c = test::make_case(verify_rule::sampling, draft_topology::chain, draft_distribution::dense,
                                         3, 2, 1100003, 0, g);
-  CHECK(run_both(c).status[0] == 0);
+  for (int const ctas : ctas_choices()) {
+    INFO("ctas " << ctas);
+    CHECK(run_both(c, ctas).status[0] == 0);
+  }
 }
 
 TEST_CASE("GPU input checks: status bits name the argument; nothing else is touched", "[verify][small]")
@@ -247,8 +275,10 @@ TEST_CASE("GPU input checks: status bits name the argument; nothing else is touc
       ++applied;
       INFO(bad.name << " (rule " << int(k.rule) << ", tree " << int(k.topo) << ", q " << int(k.dist) << ")");
       // validate_all: exactly the host's bits; the bad request emptied, the rest intact.
+      // Both kernel shapes: the default (a cluster on sm_90+) and one CTA per request.
       c.a.validate_all          = true;
       test::verify_case const r = run_both(c);
+      run_both(c, 1);
       CHECK((r.request_status[2] & bad.bit) != 0);
       CHECK(r.emitted_of(2).empty());
       // Without validate_all the kernel checks what it reads: a subset of the bits, and a
@@ -297,6 +327,26 @@ TEST_CASE("GPU: device batch size beyond capacity is flagged and clamped; bad pa
   bad     = d.a;
   bad.rng = nullptr;
   CHECK(verify_async(bad, nullptr) == cudaErrorInvalidValue);
+  bad                  = d.a;
+  bad.ctas_per_request = 3;
+  CHECK(verify_async(bad, nullptr) == cudaErrorInvalidValue);
+}
+
+TEST_CASE("GPU: a cluster per request is run exactly where the device has clusters", "[verify][small]")
+{
+  auto g              = test::seeded_engine("cluster choice");
+  test::verify_case c = test::make_case(verify_rule::greedy, draft_topology::chain, draft_distribution::dense, 5,
+                                        3, 4096, 0, g);
+  device_case d(c);
+  d.a.ctas_per_request = verify_cluster_ctas;
+  cudaError_t const launched = verify_async(d.a, nullptr);
+  DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+  if (device_has_clusters()) {
+    CHECK(launched == cudaSuccess);  // the tests' builds are sm_90: the cluster kernel is there
+  } else {
+    CHECK(launched == cudaErrorNotSupported);
+    cudaGetLastError();
+  }
 }
 
 TEST_CASE("GPU sampling is deterministic; a captured graph replays with a new offset", "[verify][small]")

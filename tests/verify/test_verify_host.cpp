@@ -437,6 +437,8 @@ TEST_CASE("bad shapes and batch sizes are refused with the argument named", "[ve
   CHECK(refused_with(a, "q is null"));
   a = c.a, a.rng = nullptr;
   CHECK(refused_with(a, "rng"));
+  a = c.a, a.ctas_per_request = 3;
+  CHECK(refused_with(a, "ctas_per_request"));
   a = c.a, a.p_row_stride = 31;
   CHECK(refused_with(a, "p_row_stride"));
   a = c.a, a.status = nullptr;

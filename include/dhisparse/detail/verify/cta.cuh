@@ -19,6 +19,14 @@ inline constexpr int max_nodes     = max_verify_drafts + 1;
 inline constexpr int max_patches   = max_nodes > max_verify_candidates ? max_nodes : max_verify_candidates;
 static_assert(max_verify_drafts <= block_threads, "one thread per draft node when probing");
 
+/// One CTA's share of a row pass, read by the other CTAs of its request's cluster.
+struct cluster_partial {
+  std::uint64_t p, q, r;     ///< fixed-point masses of the CTA's slice
+  float p_float, q_float;    ///< fp32 masses of the slice
+  float best;                ///< argmax: the slice's largest value
+  std::int32_t arg;          ///< argmax: its smallest index
+};
+
 /// Per-CTA state. ~39 KB: under the 48 KB of static shared memory.
 struct shared_state {
   std::uint64_t chunk[max_chunks];        ///< mass of each chunk of the row of the last pass
@@ -39,6 +47,7 @@ struct shared_state {
   std::uint64_t red[block_warps][3];
   float red_f[block_warps];
   std::int32_t red_i[block_warps];
+  cluster_partial part;  ///< this CTA's share of the last pass (clusters only)
   std::uint64_t found_offset;
   std::int32_t found_chunk;
   std::int32_t found_token;

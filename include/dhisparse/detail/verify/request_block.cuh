@@ -1,12 +1,14 @@
 /**
  * @file detail/verify/request_block.cuh
- * @brief One request walked by one CTA (`request_block`): probes, acceptance along the draft
- *        chain or tree, residual and bonus sampling, outputs; and `vector_width`.
+ * @brief One request walked by one CTA or by each CTA of its cluster (`request_block`):
+ *        probes, acceptance along the draft chain or tree, residual and bonus sampling,
+ *        outputs; and `vector_width`.
  */
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/philox.hpp>
+#include <dhisparse/detail/verify/cluster.cuh>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/detail/verify/row_pass.cuh>
@@ -35,15 +37,19 @@ inline int vector_width(verify_params const& a)
 }
 
 /**
- * @brief One request, walked by one CTA. Every thread runs the same control flow on
- *        values read from shared memory after a barrier; shared memory is written by one
- *        thread between two barriers.
+ * @brief One request, walked by one CTA, or by each of the `Ctas` CTAs of its cluster
+ *        (rank `rank`). Every thread runs the same control flow on values read from shared
+ *        memory after a barrier; shared memory is written by one thread between two
+ *        barriers. In a cluster every CTA walks the whole request and takes the same
+ *        decisions: the full-row passes (argmax, row masses) are split between the CTAs
+ *        and combined (cluster.cuh), everything else is computed in each CTA from the same
+ *        inputs; rank 0 alone samples the final token and writes the outputs.
  */
-template <int Vec>
+template <int Vec, int Ctas>
 class request_block {
  public:
-  __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b)
-    : a_{a}, l_{l}, sh_{sh}, b_{b}, chunk_len_{chunk_length(a.vocab)},
+  __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b, int rank)
+    : a_{a}, l_{l}, sh_{sh}, b_{b}, rank_{rank}, chunk_len_{chunk_length(a.vocab)},
       nchunks_{int((a.vocab + chunk_len_ - 1) / chunk_len_)}
   {
   }
@@ -60,16 +66,20 @@ class request_block {
       probe(n);
       if (a_.validate_all) { validate_rows(n); }
       __syncthreads();
-      bool const valid = sh_.flags == 0;
+      bool const valid = request_flags<Ctas>(sh_) == 0;
       __syncthreads();  // every thread has read the flags before the walk may raise more
       if (valid) { len = a_.rule == verify_rule::greedy ? walk_greedy() : walk_sampling(); }
     }
     __syncthreads();
-    write_outputs(len, sh_.flags, false);
+    std::uint32_t const flags = request_flags<Ctas>(sh_);
+    if (rank_ == 0) { write_outputs(len, flags, false); }
   }
 
   /// Outputs of a padding request (index ≥ batch size): empty, status 0.
-  __device__ void write_padding() { write_outputs(0, 0, true); }
+  __device__ void write_padding()
+  {
+    if (rank_ == 0) { write_outputs(0, 0, true); }
+  }
 
  private:
   __device__ float const* p_row(int m) const { return a_.p + b_ * l_.p_request + m * l_.p_row; }
@@ -220,14 +230,16 @@ class request_block {
   /// Element and mass checks of one p or q row (a pass whose results are dropped).
   __device__ void check_row(float const* row, bool is_q)
   {
-    pass_sums const s = row_pass<Vec, false>(sh_, row, nullptr, 0, a_.vocab);
-    std::uint32_t f   = s.flags;
+    pass_sums s = row_pass<Vec, false, Ctas>(sh_, row, nullptr, 0, a_.vocab, rank_);
+    combine_pass<Ctas>(sh_, s, nchunks_, rank_);
+    std::uint32_t f = s.flags;
     if (threadIdx.x == 0) { f |= mass_flags(s, false, a_.sum_tolerance); }
     raise(sh_, is_q ? f << 3 : f);  // p bits → the matching q bits
     bytes_ += 4ull * std::uint64_t(a_.vocab);
   }
 
-  /// Greedy: argmax of a row (largest value, smallest index among ties, NaN skipped).
+  /// Greedy: argmax of a row (largest value, smallest index among ties, NaN skipped); in a
+  /// cluster each CTA takes every `Ctas`-th stretch of `block_threads · Vec` elements.
   __device__ __noinline__ std::int32_t block_argmax(int row)
   {
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -245,8 +257,9 @@ class request_block {
     };
     constexpr int unroll   = 4;
     std::int64_t const V   = a_.vocab;
-    std::int64_t const step = std::int64_t(block_threads) * Vec;
-    for (std::int64_t base = std::int64_t(threadIdx.x) * Vec; base < V; base += unroll * step) {
+    std::int64_t const step = std::int64_t(block_threads) * Vec * Ctas;
+    for (std::int64_t base = (std::int64_t(rank_) * block_threads + threadIdx.x) * Vec; base < V;
+         base += unroll * step) {
       float v[unroll][Vec];
 #pragma unroll
       for (int u = 0; u < unroll; ++u) { row_loader<Vec>::load(p, base + u * step, V, v[u]); }
@@ -283,7 +296,8 @@ class request_block {
       }
     }
     __syncthreads();
-    bytes_ += 4ull * std::uint64_t(a_.vocab);
+    combine_argmax<Ctas>(sh_, best, arg);
+    bytes_ += 4ull * std::uint64_t(a_.vocab);  // the row, once: the cluster's CTAs read disjoint slices
     return arg == 0x7FFFFFFF ? -1 : arg;
   }
 
@@ -377,8 +391,9 @@ class request_block {
     bool const dense_q = a_.distribution == draft_distribution::dense && k > 0;
     bool const cands   = a_.distribution == draft_distribution::candidates && k > 0;
     patches_           = cands ? load_candidates(row, k) : removed;
-    pass_sums const s  = dense_q ? row_pass<Vec, true>(sh_, p_row(row), q_row(row), k, a_.vocab)
-                                 : row_pass<Vec, false>(sh_, p_row(row), nullptr, 0, a_.vocab);
+    pass_sums s        = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_)
+                                 : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_);
+    combine_pass<Ctas>(sh_, s, nchunks_, rank_);
     std::uint32_t f    = s.flags;
     if (threadIdx.x == 0) { f |= mass_flags(s, dense_q, a_.sum_tolerance); }
     raise(sh_, f);
@@ -543,7 +558,7 @@ class request_block {
       std::int32_t t = -1;
       if (total == 0) {
         if (threadIdx.x == 0) { raise(sh_, verify_status::p_not_normalized); }
-      } else {
+      } else if (rank_ == 0) {  // the last step: only the CTA that writes the outputs needs the token
         t = locate(cur, total, bits);
       }
       if (threadIdx.x == 0) { sh_.out_tokens[len] = t; }
@@ -580,6 +595,7 @@ class request_block {
   layout const& l_;
   shared_state& sh_;
   int b_;
+  int rank_;  ///< of this CTA in the request's cluster (0 without one)
   std::int64_t chunk_len_;
   int nchunks_;
   int patches_   = 0;

@@ -48,14 +48,16 @@ struct pass_sums {
   std::uint32_t flags = 0;
 };
 
-/// Streaming 16-byte / 4-byte loads that do not keep the row in L1 or L2. A 512-element
-/// unit is read in two halves of `loads` vectors per lane (bounded register use).
+/// Streaming 16-byte / 4-byte loads that do not keep the row in L1 or L2: `per_unit`
+/// vectors per lane cover a 512-element unit. A pass over p alone issues a unit's loads
+/// at once (64 bytes in flight per thread); a pass over p and q issues them in two
+/// batches of half a unit of each row (the same bytes, bounded register use).
 template <int Vec>
 struct row_loader;
 
 template <>
 struct row_loader<4> {
-  static constexpr int loads = 2;  // per lane per half unit: 2 × float4
+  static constexpr int per_unit = 4;  // per lane: 4 × float4
   __device__ static std::int64_t index(std::int64_t unit, int j, int lane) { return unit + j * 128 + lane * 4; }
   __device__ static void load(float const* row, std::int64_t i, std::int64_t vocab, float (&v)[4])
   {
@@ -70,18 +72,19 @@ struct row_loader<4> {
 
 template <>
 struct row_loader<1> {
-  static constexpr int loads = 8;  // per lane per half unit: 8 scalars
+  static constexpr int per_unit = 16;  // per lane: 16 scalars
   __device__ static std::int64_t index(std::int64_t unit, int j, int lane) { return unit + j * 32 + lane; }
   __device__ static void load(float const* row, std::int64_t i, std::int64_t vocab, float (&v)[1])
   {
     v[0] = i < vocab ? __ldcs(row + i) : 0.f;
   }
 };
-static_assert(2 * row_loader<4>::loads * 4 * 32 == chunk_unit && 2 * row_loader<1>::loads * 32 == chunk_unit);
+static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::per_unit * 32 == chunk_unit);
 
 /**
- * @brief One pass over a row: the mass of every chunk of R_k into `sh.chunk`, the totals
- *        of p, q and R_k, and the element status bits (per thread).
+ * @brief One pass over a row, or over the slice of CTA `rank` of `Ctas` (its chunks:
+ *        `chunk_owner`, cluster.cuh): the mass of every chunk of R_k into `sh.chunk`, the
+ *        totals of p, q and R_k, and the element status bits (per thread).
  *
  * `Mode` 0: R = P (no q read; candidate / one-hot corrections are applied to the chunk
  * masses afterwards); 1: R = max(0, P − Q), the chain case (k = 1, S_0 = 1); 2: k ≥ 1
@@ -90,32 +93,34 @@ static_assert(2 * row_loader<4>::loads * 4 * 32 == chunk_unit && 2 * row_loader<
  * fp32 sums of the same clamped values expose (flagged as not normalized, as the host's
  * saturated mass is), so such a request's outputs are discarded.
  */
-template <int Vec, int Mode>
+template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
-                                   std::int64_t vocab)
+                                                std::int64_t vocab, int rank)
 {
   using loader           = row_loader<Vec>;
   constexpr bool with_q  = Mode != 0;
+  constexpr int batches  = with_q ? 2 : 1;  // load batches per unit
+  constexpr int loads    = loader::per_unit / batches;
   int const lane         = threadIdx.x & 31;
   int const warp         = threadIdx.x >> 5;
   std::int64_t const len = chunk_length(vocab);
   int const nchunks      = int((vocab + len - 1) / len);
   pass_sums s;
-  for (int c = warp; c < nchunks; c += block_warps) {
+  for (int c = rank * block_warps + warp; c < nchunks; c += Ctas * block_warps) {
     std::uint64_t csum = 0;
     for (std::int64_t unit = c * len; unit < (c + 1) * len; unit += chunk_unit) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float pv[loader::loads][Vec];
-        float qv[loader::loads][Vec];
+      for (int batch = 0; batch < batches; ++batch) {
+        float pv[loads][Vec];
+        float qv[loads][Vec];
 #pragma unroll
-        for (int j = 0; j < loader::loads; ++j) {
-          std::int64_t const i = loader::index(unit, half * loader::loads + j, lane);
+        for (int j = 0; j < loads; ++j) {
+          std::int64_t const i = loader::index(unit, batch * loads + j, lane);
           loader::load(prow, i, vocab, pv[j]);
           if constexpr (with_q) { loader::load(qrow, i, vocab, qv[j]); }
         }
 #pragma unroll
-        for (int j = 0; j < loader::loads; ++j) {
+        for (int j = 0; j < loads; ++j) {
 #pragma unroll
           for (int e = 0; e < Vec; ++e) {
             float const x = pv[j][e];
@@ -155,16 +160,17 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   return s;
 }
 
-/// A pass over p alone (`DenseQ` false) or over p and q with k rejections.
-template <int Vec, bool DenseQ>
+/// A pass over p alone (`DenseQ` false) or over p and q with k rejections; CTA `rank` of
+/// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`).
+template <int Vec, bool DenseQ, int Ctas>
 __device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* qrow, int k,
-                              std::int64_t vocab)
+                              std::int64_t vocab, int rank)
 {
   if constexpr (!DenseQ) {
-    return row_pass_impl<Vec, 0>(sh, prow, qrow, k, vocab);
+    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank);
   } else {
-    return k == 1 ? row_pass_impl<Vec, 1>(sh, prow, qrow, k, vocab)
-                  : row_pass_impl<Vec, 2>(sh, prow, qrow, k, vocab);
+    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank)
+                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank);
   }
 }
 
