@@ -58,7 +58,7 @@ hierarchy_config graph_config(bool shared)
   c.max_queries            = Q;
   c.max_top_k              = K;
   c.max_context            = 8192;
-  c.device_slots_per_group = shared ? R * 350 + 48 : R * budget + 64;
+  c.device_slots_per_group = shared ? 5 * 350 + 48 : R * budget + 64;  // shared: 5 floors and little more: reclaim works
   c.map_page_positions     = 256;
   c.host.tokens_per_page   = 32;
   c.host.capacity_pages    = R * 8192 / 32;
@@ -90,6 +90,37 @@ std::vector<T> download(T const* p, std::size_t n)
 {
   std::vector<T> v(n);
   if (n > 0) { DHISPARSE_CUDA_TRY(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost)); }
+  return v;
+}
+
+/// Every step's verification: sampling over one-hot trees (EAGLE-style), the fixture's
+/// shapes, over device buffers (GPU sides) or host ones (host::verify).
+verify_params step_verify_params(std::int32_t const* batch_size, std::int32_t const* num_drafts,
+                                 std::int32_t const* draft_tokens, std::int32_t const* first_child,
+                                 std::int32_t const* next_sibling, float const* p, std::uint64_t const* rng,
+                                 std::int32_t* accepted, std::int32_t* emitted, std::int32_t* next_token,
+                                 std::int32_t* nodes, std::uint32_t* status, std::uint32_t* request_status)
+{
+  verify_params v{};
+  v.rule           = verify_rule::sampling;
+  v.topology       = draft_topology::tree;
+  v.distribution   = draft_distribution::one_hot;
+  v.capacity       = B;
+  v.max_drafts     = Q - 1;
+  v.vocab          = V;
+  v.batch_size     = batch_size;
+  v.num_drafts     = num_drafts;
+  v.draft_tokens   = draft_tokens;
+  v.first_child    = first_child;
+  v.next_sibling   = next_sibling;
+  v.p              = p;
+  v.rng            = rng;
+  v.accepted       = accepted;
+  v.emitted        = emitted;
+  v.next_token     = next_token;
+  v.accepted_nodes = nodes;
+  v.status         = status;
+  v.request_status = request_status;
   return v;
 }
 
@@ -149,27 +180,9 @@ struct gpu_side {
 
   verify_params verify_args()
   {
-    verify_params v{};
-    v.rule           = verify_rule::sampling;
-    v.topology       = draft_topology::tree;
-    v.distribution   = draft_distribution::one_hot;
-    v.capacity       = B;
-    v.max_drafts     = Q - 1;
-    v.vocab          = V;
-    v.batch_size     = h.batch_ref().size;
-    v.num_drafts     = num.data();
-    v.draft_tokens   = draft_tokens.data();
-    v.first_child    = first_child.data();
-    v.next_sibling   = next_sibling.data();
-    v.p              = p.data();
-    v.rng            = rng.data();
-    v.accepted       = accepted.data();
-    v.emitted        = emitted.data();
-    v.next_token     = next_token.data();
-    v.accepted_nodes = nodes.data();
-    v.status         = verify_status.data();
-    v.request_status = request_status.data();
-    return v;
+    return step_verify_params(h.batch_ref().size, num.data(), draft_tokens.data(), first_child.data(),
+                              next_sibling.data(), p.data(), rng.data(), accepted.data(), emitted.data(),
+                              next_token.data(), nodes.data(), verify_status.data(), request_status.data());
   }
 
   /// The whole verify step, enqueued on `s` (capturable: no host work depends on the device).
@@ -476,26 +489,10 @@ class graph_fixture {
       }
     }
     std::int32_t const batch_size = std::clamp(in.batch[0], 0, B);
-    verify_params v{};
-    v.rule           = verify_rule::sampling;
-    v.topology       = draft_topology::tree;
-    v.distribution   = draft_distribution::one_hot;
-    v.capacity       = B;
-    v.max_drafts     = Q - 1;
-    v.vocab          = V;
-    v.batch_size     = &batch_size;
-    v.num_drafts     = in.num_drafts.data();
-    v.draft_tokens   = in.draft_tokens.data();
-    v.first_child    = in.first_child.data();
-    v.next_sibling   = in.next_sibling.data();
-    v.p              = in.p.data();
-    v.rng            = rng_;
-    v.accepted       = accepted_.data();
-    v.emitted        = emitted_.data();
-    v.next_token     = next_token_.data();
-    v.accepted_nodes = nodes_.data();
-    v.status         = &verify_status_;
-    v.request_status = request_status_.data();
+    verify_params const v = step_verify_params(
+      &batch_size, in.num_drafts.data(), in.draft_tokens.data(), in.first_child.data(), in.next_sibling.data(),
+      in.p.data(), rng_, accepted_.data(), emitted_.data(), next_token_.data(), nodes_.data(), &verify_status_,
+      request_status_.data());
     host::verify(v);  // valid inputs: throws otherwise
     rng_[1] += 1;
     std::vector<std::int32_t> ring_index(in.batch.begin() + 1, in.batch.begin() + 1 + B);
