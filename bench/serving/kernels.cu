@@ -277,6 +277,45 @@ __global__ void build_candidates_kernel(std::int32_t* ids, float* probs, int req
   }
 }
 
+/// See launch_union_probe. Marks: bits 8..31 the epoch that wrote the word, bits 0..7 the
+/// queries of that epoch that selected the position.
+__global__ void union_probe_kernel(step_batch_ref batch, residency_map_ref map, int group,
+                                   std::int32_t const* selections, int top_k, std::uint32_t* marks,
+                                   std::int64_t mark_stride, std::uint32_t const* epoch, unsigned long long* counts)
+{
+  std::int64_t const per_entry = std::int64_t(batch.max_queries) * top_k;
+  std::int64_t const n         = std::int64_t(batch.max_batch) * per_entry;
+  std::uint32_t const now      = *epoch & 0xFFFFFFu;
+  int const size               = *batch.size;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    int const b = int(i / per_entry);
+    int const q = int(i / top_k % batch.max_queries);
+    if (b >= size || q >= batch.queries[b]) { continue; }
+    std::int32_t const r        = batch.requests[b];
+    std::int32_t const position = selections[i];
+    if (position < 0 || position >= batch.lengths[r] || position >= mark_stride) { continue; }  // tails: not fetched
+    std::int32_t const* entry = map.entry(r, group, position);
+    if (entry != nullptr && *entry >= 0) { continue; }  // resident: a hit for every query
+    std::uint32_t* word     = marks + std::int64_t(r) * mark_stride + position;
+    std::uint32_t const bit = 1u << q;
+    std::uint32_t old       = *word;
+    for (;;) {
+      std::uint32_t const next = (old >> 8) == now ? (old | bit) : ((now << 8) | bit);
+      if (next == old) { break; }  // this query selected it before (a duplicate entry)
+      std::uint32_t const seen = atomicCAS(word, old, next);
+      if (seen == old) { break; }
+      old = seen;
+    }
+    bool const first_of_step  = (old >> 8) != now;
+    bool const first_of_query = first_of_step || (old & bit) == 0;
+    if (first_of_step) { atomicAdd(counts + 0, 1ull); }
+    if (first_of_query) { atomicAdd(counts + 1, 1ull); }
+  }
+}
+
+__global__ void bump_epoch_kernel(std::uint32_t* epoch) { ++*epoch; }
+
 unsigned grid_for(std::size_t work, unsigned threads)
 {
   return unsigned(std::clamp<std::size_t>((work + threads - 1) / threads, 1, 65535 * 8));
@@ -382,6 +421,18 @@ void launch_hash(void const* data, std::size_t bytes, unsigned long long* out, s
   std::size_t const words = bytes / 8;
   hash_kernel<<<std::min(grid_for(words, 256), 1024u), 256, 0, stream>>>(static_cast<std::uint64_t const*>(data),
                                                                           words, out, step_index, capacity);
+  DHISPARSE_CUDA_TRY(cudaGetLastError());
+}
+
+void launch_union_probe(step_batch_ref batch, residency_map_ref map, int group, std::int32_t const* selections,
+                        int top_k, std::uint32_t* marks, std::int64_t mark_stride, std::uint32_t* epoch,
+                        unsigned long long* counts, cudaStream_t stream)
+{
+  DHISPARSE_EXPECTS(batch.max_queries <= 8, "union probe: at most 8 queries per request");
+  bump_epoch_kernel<<<1, 1, 0, stream>>>(epoch);
+  std::size_t const n = std::size_t(batch.max_batch) * batch.max_queries * top_k;
+  union_probe_kernel<<<std::min(grid_for(n, 256), 4096u), 256, 0, stream>>>(batch, map, group, selections, top_k,
+                                                                              marks, mark_stride, epoch, counts);
   DHISPARSE_CUDA_TRY(cudaGetLastError());
 }
 

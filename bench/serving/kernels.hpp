@@ -10,6 +10,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/residency_map.cuh>
 #include <dhisparse/step_batch.cuh>
 
 #include <cuda_runtime_api.h>
@@ -128,6 +129,22 @@ void launch_or_status(std::uint32_t const* src, std::uint32_t* dst, std::uint32_
 /// *out (at step_index % capacity) += an order-independent hash of `bytes` bytes (a multiple of 8).
 void launch_hash(void const* data, std::size_t bytes, unsigned long long* out, std::int32_t const* step_index,
                  int capacity, cudaStream_t stream);
+
+/**
+ * @brief The union's saving (docs/serving.md), probed before resolve of `group`: for every
+ *        selected committed position of every query of the step that the residency map
+ *        says is not resident, counts[0] += 1 the first time any query of its request
+ *        selects it this step (the rows one resolve of the union fetches) and counts[1] +=
+ *        1 the first time each query selects it (what Q separate resolves, one per query,
+ *        would fetch). Exact for any order and duplicates; at most 8 queries.
+ * @param marks device [requests][mark_stride] scratch, zeroed once before the first probe
+ * @param mark_stride positions per request in `marks` (≥ the longest committed length)
+ * @param epoch device word, incremented by this call (tells the probes apart; zeroed with marks)
+ * @param counts device [2], accumulated
+ */
+void launch_union_probe(step_batch_ref batch, residency_map_ref map, int group, std::int32_t const* selections,
+                        int top_k, std::uint32_t* marks, std::int64_t mark_stride, std::uint32_t* epoch,
+                        unsigned long long* counts, cudaStream_t stream);
 
 /// Draft tokens [requests][drafts], distinct per row.
 void launch_draft_tokens(std::int32_t* tokens, int requests, int drafts, int vocab, cudaStream_t stream);

@@ -125,6 +125,7 @@ struct options {
   int steps           = 96;         ///< timed steps per (mode, concurrency)
   int warmup          = 8;          ///< untimed graph replays before them
   int phase_steps     = 2;          ///< eager, instrumented steps for the phase breakdown
+  int union_steps     = 4;          ///< speculative runs: eager steps probing the union's saving
   int templates       = 16;         ///< distinct drift requests per group (requests reuse them, shifted)
   int layers_sim      = 0;          ///< 0: the scenario's
   int layers_full     = 0;          ///< 0: the scenario's
@@ -174,6 +175,7 @@ struct options {
       "          [--latency-bound-ms MS] [--dense-mb MB] [--lm-head-mb MB] [--draft-mb MB]\n"
       "          [--vocab V] [--drafts D] [--survival s1,s2,...] [--alpha A] [--draft-dist one_hot|candidates]\n"
       "          [--fetch auto|fused|split|layered] [--no-indexer] [--templates R] [--trace FILE] [--seed S]\n"
+      "          [--union-steps N]\n"
       "modes: resident, hisparse, adaptive, adaptive+spec\n",
       argv0);
   }
@@ -212,6 +214,8 @@ struct options {
       } else if (a == "--warmup") {
         o.warmup   = std::max(1, std::atoi(value().c_str()));
         warmup_set = true;
+      } else if (a == "--union-steps") {
+        o.union_steps = std::max(0, std::atoi(value().c_str()));
       } else if (a == "--layers") {
         o.layers_sim = std::atoi(value().c_str());
       } else if (a == "--layers-full") {

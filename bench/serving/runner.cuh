@@ -306,8 +306,21 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
   DHISPARSE_EXPECTS(G <= 8, "serving benchmark: at most 8 simulated layer groups");
   fetch_kind const fetch = su.fetch;
 
+  // The union's saving (speculative runs, docs/serving.md): marks [C][max_capacity], an
+  // epoch word and two counters, probed before every resolve of the probe steps only.
+  bool const probe_union = rc.spec && opt.union_steps > 0 && Q <= 8 && !su.check;
+  device_array<std::uint32_t> union_marks;
+  device_array<unsigned long long> union_counts;
+  if (probe_union) {
+    union_marks  = device_array<std::uint32_t>(std::size_t(C) * std::size_t(su.max_capacity) + 1);
+    union_counts = device_array<unsigned long long>(2);
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(union_marks.data(), 0, union_marks.bytes(), s));
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(union_counts.data(), 0, union_counts.bytes(), s));
+  }
+
   // The per-layer part of a step. `serial`: everything on the main stream (phase timing).
-  auto layers_part = [&](detail::phase_timer* pt, bool serial) {
+  // `probe`: the union probe before each resolve (never in a timed or captured step).
+  auto layers_part = [&](detail::phase_timer* pt, bool serial, bool probe = false) {
     auto mark = [&](char const* label) {
       if (pt != nullptr) { pt->mark(label); }
     };
@@ -339,6 +352,10 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
         backup_forked = false;
       }
       mark("select+indexer");
+      if (probe) {
+        launch_union_probe(batch, h.map().ref(), g, sel, K, union_marks.data() + 1, su.max_capacity,
+                           union_marks.data(), union_counts.data(), s);
+      }
       bool layered_join = false;
       switch (fetch) {
         case fetch_kind::fused: h.resolve_and_retrieve(g, sel, K, s); break;
@@ -499,6 +516,27 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     DHISPARSE_CUDA_TRY(cudaMemcpy(res.hashes.data(), db.hashes.data(), res.hashes.size() * sizeof(unsigned long long),
                                   cudaMemcpyDeviceToHost));
     res.all_step_tokens.assign(tokens.begin(), tokens.end());
+  }
+  // ---- the union's saving: eager steps with the probe, after everything above was read --
+  if (probe_union) {
+    group_counters before_probe[8], after_probe[8];
+    for (int g = 0; g < G; ++g) { h.read_counters(g, &before_probe[g], s); }
+    for (int i = 0; i < opt.union_steps; ++i) {
+      layers_part(nullptr, true, true);
+      step_part(nullptr);
+    }
+    for (int g = 0; g < G; ++g) { h.read_counters(g, &after_probe[g], s); }
+    unsigned long long counts[2] = {0, 0};
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(counts, union_counts.data(), sizeof counts, cudaMemcpyDeviceToHost, s));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+    res.union_steps           = opt.union_steps;
+    res.union_fetched         = counts[0];
+    res.per_query_missed      = counts[1];
+    for (int g = 0; g < G; ++g) { res.union_resolve_fetched += after_probe[g].fetched_rows - before_probe[g].fetched_rows; }
+    if (res.union_resolve_fetched != res.union_fetched) {  // resolve fetches the union, exactly
+      res.note += (res.note.empty() ? "" : "; ") + std::string("union probe ") + std::to_string(res.union_fetched) +
+                  " rows, resolve fetched " + std::to_string(res.union_resolve_fetched);
+    }
   }
   res.hierarchy_status = h.status_sync(s);
   DHISPARSE_CUDA_TRY(

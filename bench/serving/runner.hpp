@@ -117,6 +117,12 @@ struct run_result {
   unsigned long long selected = 0, fetched = 0, evicted = 0, reclaimed = 0, reclaims = 0, backed_up = 0,
                      prewarmed = 0;
   double h2d_bytes = 0.0, d2h_bytes = 0.0;  ///< over the timed steps
+  /// Speculative runs, over `union_steps` eager steps after the timed ones (docs/serving.md):
+  /// rows the union of a request's Q queries misses (what resolve fetches), the sum of each
+  /// query's own misses (what Q separate resolves would fetch), and the fetched_rows
+  /// counter over the same steps (equal to the first).
+  int union_steps = 0;
+  unsigned long long union_fetched = 0, per_query_missed = 0, union_resolve_fetched = 0;
   std::vector<std::pair<std::string, double>> phases;  ///< ms per step, eager and serialized
   std::vector<unsigned long long> hashes;              ///< check: per step, all layers' outputs
   std::vector<int> all_step_tokens;                    ///< check: tokens of every step

@@ -843,6 +843,14 @@ int run(int argc, char** argv)
       js.field("reclaimed_rows", double(r.reclaimed));
       js.field("reclaims", double(r.reclaims));
       js.field("backed_up_rows", double(r.backed_up));
+      if (r.union_steps > 0) {
+        js.field("union_probe_steps", double(r.union_steps));
+        js.field("union_fetched_rows", double(r.union_fetched));
+        js.field("per_query_missed_rows", double(r.per_query_missed));
+        js.field("union_saving",
+                 r.per_query_missed > 0 ? 1.0 - double(r.union_fetched) / double(r.per_query_missed) : 0.0);
+        js.field("union_resolve_fetched_rows", double(r.union_resolve_fetched));
+      }
       js.field("tokens", double(r.tokens));
       js.field("steps", double(r.layers_ms.size()));
       js.field("setup_s", r.setup_s);

@@ -7,7 +7,8 @@
  * admit / reserve / release          host side, between steps (never inside a graph)
  * set_pool_limit / prewarm / reclaim host side, between steps: memory back to the engine,
  *                                    spare slots filled, a free reserve
- * set_batch                          host side: which requests, how many queries each
+ * set_batch                          host side: which requests, how many queries each; or
+ * load_batch(batch)                  capturable: the same from device memory (request indices)
  * set_drafts(num_drafts, parents)    optional, capturable: per-request verify lengths and
  *                                    draft trees from device memory (query_positions)
  * for each layer group g:
@@ -230,6 +231,7 @@ class kv_hierarchy {
     requests_.insert(id);
     grow(index, capacity, stream);
     uploader_.upload_value(lengths() + index, length, stream);
+    uploader_.upload_value(admitted() + index, std::int32_t{1}, stream);
   }
 
   /**
@@ -265,6 +267,7 @@ class kv_hierarchy {
     requests_.insert(id);
     grow(index, capacity, stream);
     uploader_.upload_value(lengths() + index, length, stream);
+    uploader_.upload_value(admitted() + index, std::int32_t{1}, stream);
   }
 
   /**
@@ -299,6 +302,7 @@ class kv_hierarchy {
     DHISPARSE_NVTX_RANGE("dhisparse::release");
     int const index = requests_.index_of(id, "release");
     DHISPARSE_CUDA_TRY(release_async(release_args(index), stream));
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(admitted() + index, 0, sizeof(std::int32_t), stream));
     map_.release(index, stream);
     host_.release(index, stream);
     ledger_.clear(index);
@@ -474,6 +478,45 @@ class kv_hierarchy {
   }
 
   /**
+   * @brief `set_batch` from device memory, so that a step captured once in a CUDA graph
+   *        replays with a new batch: the engine writes the batch into `batch` before each
+   *        replay (a stream-ordered copy, or mapped pinned memory it writes while no replay
+   *        reads it), and the graph begins with this call. Like `set_batch`, a step left
+   *        open is abandoned first and the entries get chains (`set_drafts` may follow).
+   *        Capturable: three kernels, no host work, no synchronization.
+   * @param batch device (or mapped pinned) `[1 + 2 max_batch]`, read when the stream gets
+   *        here: the count, then max_batch request indices (`request_index(id)`), then
+   *        max_batch query counts; entries from the count on are ignored. Not the
+   *        hierarchy's own batch (`batch_ref()`).
+   * Validated on the device, as the host reference's `load_batch` does: a count outside
+   * [0, max_batch] is clamped; an entry whose index is not an admitted request, repeats an
+   * earlier entry's index, or asks for queries outside [1, max_queries] takes no part in
+   * the step (0 queries, as a request released mid-step); both raise
+   * `status_invalid_batch`. `batch_count()` is not updated (the count lives on the device).
+   * @throws dhisparse::error for a null `batch` (nothing enqueued)
+   */
+  void load_batch(std::int32_t const* batch, cudaStream_t stream)
+  {
+    DHISPARSE_NVTX_RANGE("dhisparse::load_batch");
+    DHISPARSE_EXPECTS(batch != nullptr, "load_batch: batch must not be null");
+    commit_params abandon = commit_args(nullptr);
+    abandon.mode          = commit_mode::abandon;
+    DHISPARSE_CUDA_TRY(commit_async(abandon, stream));
+    namespace hd = detail::hierarchy;
+    hd::load_batch_params p{};
+    p.source       = batch;
+    p.batch        = batch_.data();
+    p.admitted     = admitted();
+    p.status       = status_.data();
+    p.max_batch    = config_.max_batch;
+    p.max_queries  = config_.max_queries;
+    p.max_requests = config_.max_requests;
+    hd::load_batch_kernel<hd::block_size><<<1, hd::block_size, 0, stream>>>(p);
+    DHISPARSE_CUDA_TRY(detail::check_launch(stream));
+    launch_drafts(nullptr, nullptr, stream);  // chains: parents q − 1, positions length + q
+  }
+
+  /**
    * @brief Sets the drafts of the current batch's next step from device memory, so that a
    *        captured step replays with new per-request verify lengths and trees: entry b gets
    *        1 + num_drafts[b] queries (query 0 the root, query j draft node j) and, with
@@ -507,7 +550,8 @@ class kv_hierarchy {
   /// query (-1 for the root and beyond an entry's queries).
   [[nodiscard]] std::int32_t const* query_parents() const noexcept { return step_queries_.data(); }
 
-  /// Real batch size set by the last `set_batch`.
+  /// Real batch size set by the last `set_batch` (not by `load_batch`: that count is read
+  /// on the device; `batch_ref().size` holds the current one).
   [[nodiscard]] int batch_count() const noexcept { return batch_count_; }
 
   // ------------------------------------------------------------------------------------
@@ -876,7 +920,7 @@ class kv_hierarchy {
     f(&kv_hierarchy::pool_refs_, groups);
     f(&kv_hierarchy::layouts_, groups);
     f(&kv_hierarchy::batch_, 1 + 2 * batch);
-    f(&kv_hierarchy::requests_i32_, 4 * std::size_t(c.max_requests));
+    f(&kv_hierarchy::requests_i32_, 5 * std::size_t(c.max_requests));
     f(&kv_hierarchy::tail_slots_, groups * batch * c.max_queries);
     f(&kv_hierarchy::status_, 1);
     f(&kv_hierarchy::step_queries_, 3 * batch * c.max_queries + batch);
@@ -974,6 +1018,8 @@ class kv_hierarchy {
   std::int32_t* capacities() const noexcept { return requests_i32_.data() + config_.max_requests; }
   std::int32_t* floors() const noexcept { return requests_i32_.data() + 2 * config_.max_requests; }
   std::int32_t* caps() const noexcept { return requests_i32_.data() + 3 * config_.max_requests; }
+  /// 1 for an admitted request index, 0 otherwise (what `load_batch` validates against).
+  std::int32_t* admitted() const noexcept { return requests_i32_.data() + 4 * config_.max_requests; }
 
   unsigned launch_blocks(std::int64_t work) const
   {
@@ -1081,7 +1127,7 @@ class kv_hierarchy {
   detail::device_array<device_pool_ref> pool_refs_;
   detail::device_array<group_layout> layouts_;
   detail::device_array<std::int32_t> batch_;         // [1 + 2 max_batch]: size, requests, queries
-  detail::device_array<std::int32_t> requests_i32_;  // [4][max_requests]: lengths, capacities, floors, caps
+  detail::device_array<std::int32_t> requests_i32_;  // [5][max_requests]: lengths, capacities, floors, caps, admitted
   detail::device_array<std::int32_t> tail_slots_;
   detail::device_array<std::uint32_t> status_;
   /// [3][max_batch][max_queries] + [max_batch]: the step's parents, depths, positions, then

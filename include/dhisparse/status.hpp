@@ -7,7 +7,7 @@
  *
  * | bits   | component                                  | mask                     | constants |
  * |--------|--------------------------------------------|--------------------------|-----------|
- * | 0..9   | hierarchy: resolve, commit, set_drafts     | `status_mask_hierarchy`  | `status_invalid_selection` … `status_invalid_drafts` (bit 9 spare) |
+ * | 0..9   | hierarchy: resolve, commit, set_drafts, load_batch | `status_mask_hierarchy` | `status_invalid_selection` … `status_invalid_batch` |
  * | 10     | sparse attention                           | `status_mask_attention`  | `sparse_attention::status_invalid_slot` |
  * | 11..16 | draft ring                                 | `status_mask_draft_ring` | `draft_ring_status::…` |
  * | 17..29 | speculative verification                   | `status_mask_verify`     | `verify_status::…` |
@@ -37,7 +37,7 @@ constexpr std::uint32_t status_range(unsigned first, unsigned count) noexcept
 }
 }  // namespace detail
 
-/// Bits 0..9: the hierarchy (`status_bit`; bit 9 is spare).
+/// Bits 0..9: the hierarchy (`status_bit`).
 inline constexpr std::uint32_t status_mask_hierarchy = detail::status_range(0, 10);
 /// Bit 10: sparse attention (`sparse_attention::status_invalid_slot`).
 inline constexpr std::uint32_t status_mask_attention = detail::status_range(10, 1);
@@ -90,6 +90,10 @@ enum status_bit : std::uint32_t {
   /// does not point to an earlier query of the request; that request drafts nothing this
   /// step (one query).
   status_invalid_drafts = 1u << 8,
+  /// `load_batch` found a count outside [0, max_batch] (clamped) or an entry whose request
+  /// index is not an admitted request, repeats an earlier entry's, or whose query count is
+  /// outside [1, max_queries]; that entry takes no part in the step (0 queries).
+  status_invalid_batch = 1u << 9,
 };
 
 namespace sparse_attention {
@@ -166,6 +170,9 @@ inline constexpr status_bit_text status_bit_texts[] = {
    "commit reached a row to keep without a slot in some group; the request was committed up to it"},
   {status_invalid_drafts, "invalid_drafts",
    "num_drafts / parents: a count outside [0, max_queries - 1] or a parent that is not an earlier query"},
+  {status_invalid_batch, "invalid_batch",
+   "load_batch: a count outside [0, max_batch], or an entry with a request index not admitted, repeated, or "
+   "queries outside [1, max_queries]"},
   {sparse_attention::status_invalid_slot, "attention.invalid_slot",
    "slots: a selection entry is neither -1 nor a slot id in [0, num_slots)"},
   {draft_ring_status::bad_batch_size, "draft_ring.bad_batch_size", "batch_size: *batch_size is outside [0, capacity]"},
@@ -220,7 +227,7 @@ constexpr bool status_bit_texts_valid() noexcept
   return true;
 }
 static_assert(status_bit_texts_valid(), "status.hpp: a status bit is not a single owned bit, or named twice");
-static_assert((status_bits_named() & status_mask_hierarchy) == 0x1FFu &&
+static_assert((status_bits_named() & status_mask_hierarchy) == status_mask_hierarchy &&
                 (status_bits_named() & status_mask_attention) == status_mask_attention &&
                 (status_bits_named() & status_mask_draft_ring) == status_mask_draft_ring &&
                 (status_bits_named() & status_mask_verify) == status_mask_verify,

@@ -248,6 +248,70 @@ TEST_CASE("host reference: set_drafts validates counts and trees per request", "
           std::vector<std::int32_t>{-1, 0, 1, 2, 3});
 }
 
+TEST_CASE("host reference: load_batch is set_batch by request index, validated per entry",
+          "[hierarchy][host][verify_step][load_batch]")
+{
+  static_lru a(step_config()), b(step_config());
+  for (std::uint64_t id = 1; id <= 3; ++id) {
+    a.admit(request_id{id}, 100 * std::int32_t(id), 1000);
+    b.admit(request_id{id}, 100 * std::int32_t(id), 1000);
+  }
+  int const B = step_config().max_batch;
+  auto packed = [&](std::vector<std::int32_t> const& requests, std::vector<std::int32_t> const& queries,
+                    std::int32_t count) {
+    std::vector<std::int32_t> p(std::size_t(1 + 2 * B), 0);
+    p[0] = count;
+    std::copy(requests.begin(), requests.end(), p.begin() + 1);
+    std::copy(queries.begin(), queries.end(), p.begin() + 1 + B);
+    return p;
+  };
+  auto same_step = [&] {
+    std::size_t const n = std::size_t(B) * Q;
+    REQUIRE(a.batch_count() == b.batch_count());
+    for (int e = 0; e < a.batch_count(); ++e) { REQUIRE(a.batch_queries(e) == b.batch_queries(e)); }
+    REQUIRE(std::vector<std::int32_t>(a.query_positions(), a.query_positions() + n) ==
+            std::vector<std::int32_t>(b.query_positions(), b.query_positions() + n));
+    REQUIRE(std::vector<std::int32_t>(a.query_parents(), a.query_parents() + n) ==
+            std::vector<std::int32_t>(b.query_parents(), b.query_parents() + n));
+  };
+  REQUIRE_THROWS_WITH(a.load_batch(nullptr), Catch::Contains("batch"));
+
+  // A valid batch: what set_batch with the ids of those indices sets.
+  request_id const ids[3] = {request_id{3}, request_id{1}, request_id{2}};
+  std::int32_t const queries[3] = {2, Q, 1};
+  a.set_batch(ids, queries, 3);
+  auto const valid = packed({b.request_index(ids[0]), b.request_index(ids[1]), b.request_index(ids[2])}, {2, Q, 1}, 3);
+  b.load_batch(valid.data());
+  REQUIRE(b.status() == 0u);
+  same_step();
+
+  // Invalid entries take no part in the step; the valid ones do; one bit says so.
+  std::int32_t const r1 = b.request_index(request_id{1}), r2 = b.request_index(request_id{2});
+  auto const bad = packed({r1, r1, 99, r2}, {2, 1, 1, Q + 1}, 4);  // repeated, out of range, too many queries
+  b.load_batch(bad.data());
+  REQUIRE(b.status() == status_invalid_batch);
+  REQUIRE(b.batch_count() == 4);
+  REQUIRE(b.batch_queries(0) == 2);
+  for (int e = 1; e < 4; ++e) { REQUIRE(b.batch_queries(e) == 0); }
+  REQUIRE(b.query_positions()[Q] == -1);
+  b.clear_status();
+
+  // A released request's index is not admitted any more; a count beyond max_batch is clamped.
+  b.release(request_id{2});
+  auto const released = packed({r2, r1}, {1, 1}, 2);
+  b.load_batch(released.data());
+  REQUIRE(b.status() == status_invalid_batch);
+  REQUIRE(b.batch_queries(0) == 0);
+  REQUIRE(b.batch_queries(1) == 1);
+  b.clear_status();
+  auto const clamped = packed({r1}, {1}, B + 3);
+  b.load_batch(clamped.data());
+  REQUIRE(b.status() == status_invalid_batch);
+  REQUIRE(b.batch_count() == B);
+  REQUIRE(b.batch_queries(0) == 1);
+  REQUIRE(b.batch_queries(1) == 0);  // index 0 repeated (padding of the source)
+}
+
 TEST_CASE("host reference: a resolve never committed leaves no stale tail behind", "[hierarchy][host][verify_step]")
 {
   static_lru h(step_config());

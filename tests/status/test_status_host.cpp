@@ -29,7 +29,7 @@ named_bits const hierarchy_bits = {
   {status_pool_exhausted, "pool_exhausted"},         {status_capacity_exceeded, "capacity_exceeded"},
   {status_dirty_list_overflow, "dirty_list_overflow"}, {status_invalid_accept_count, "invalid_accept_count"},
   {status_uncommitted_tail, "uncommitted_tail"},     {status_missing_tail, "missing_tail"},
-  {status_invalid_drafts, "invalid_drafts"},
+  {status_invalid_drafts, "invalid_drafts"},         {status_invalid_batch, "invalid_batch"},
 };
 named_bits const attention_bits = {{sparse_attention::status_invalid_slot, "attention.invalid_slot"}};
 named_bits const draft_ring_bits = {
@@ -92,8 +92,8 @@ TEST_CASE("each component's bits are single bits inside its own range", "[status
       seen |= bit;
     }
   }
-  // Every owned bit is named except the hierarchy's spare bit 9.
-  CHECK(seen == (status_mask_all & ~(1u << 9)));
+  // Every owned bit is named.
+  CHECK(seen == status_mask_all);
   // verify's q_* bits are its p_* bits shifted by 3 (detail::verify::probability_flags).
   CHECK(verify_status::q_not_finite == verify_status::p_not_finite << 3);
   CHECK(verify_status::q_not_normalized == verify_status::p_not_normalized << 3);
@@ -120,8 +120,8 @@ TEST_CASE("one word holds every component's bits and describe_status names them 
   CHECK(explained.find("first_child") != std::string::npos);
   CHECK(explained.find("num_slots") != std::string::npos);
 
-  // Bits no component owns (the hierarchy's spare bit 9, bits 30 and 31).
-  for (std::uint32_t const stray : {1u << 9, 1u << 30, 1u << 31}) {
+  // Bits no component owns (bits 30 and 31).
+  for (std::uint32_t const stray : {1u << 30, 1u << 31}) {
     CHECK(describe_status(stray) == "unknown");
     std::vector<std::string> const with = names_of(word | stray);
     CHECK(with.size() == expected.size() + 1);

@@ -66,6 +66,15 @@ class request_table {
     return it->second;
   }
 
+  /// Whether `index` is the index of an admitted request (any int; a linear scan).
+  [[nodiscard]] bool admitted_index(std::int64_t index) const
+  {
+    for (auto const& entry : index_) {
+      if (entry.second == index) { return true; }
+    }
+    return false;
+  }
+
   /// Validates `reserve`'s capacity.
   void check_reserve(std::int64_t capacity) const
   {

@@ -327,6 +327,36 @@ class kv_hierarchy {
     prepare_drafts(nullptr, nullptr);
   }
 
+  /// Reference of `kv_hierarchy::load_batch`; `batch` is host memory `[1 + 2 max_batch]`
+  /// (count, request indices, queries), validated as the kernel does: a count outside
+  /// [0, max_batch] clamped; an entry with an index not admitted or repeated, or queries
+  /// outside [1, max_queries], left out of the step (0 queries; its index kept where it is
+  /// one, else 0); both raise `status_invalid_batch`.
+  void load_batch(std::int32_t const* batch)
+  {
+    DHISPARSE_EXPECTS(batch != nullptr, "load_batch: batch must not be null");
+    int const B               = config_.max_batch;
+    std::int32_t const asked  = batch[0];
+    std::int32_t const count  = std::clamp(asked, 0, B);
+    bool bad                  = count != asked;
+    std::vector<std::int32_t> requests(std::size_t(count), 0), queries(std::size_t(count), 0);
+    for (int b = 0; b < count; ++b) {
+      std::int32_t const r  = batch[1 + b];
+      std::int32_t const nq = batch[1 + B + b];
+      bool const in_range   = r >= 0 && r < config_.max_requests;
+      bool ok = in_range && table_.admitted_index(r) && nq >= 1 && nq <= config_.max_queries &&
+                std::find(batch + 1, batch + 1 + b, r) == batch + 1 + b;
+      requests[std::size_t(b)] = in_range ? r : 0;
+      queries[std::size_t(b)]  = ok ? nq : 0;
+      bad                      = bad || !ok;
+    }
+    abandon_step();
+    batch_requests_ = std::move(requests);
+    batch_queries_  = std::move(queries);
+    if (bad) { status_ |= status_invalid_batch; }
+    prepare_drafts(nullptr, nullptr);
+  }
+
   /// Reference of `kv_hierarchy::set_drafts`; host arrays.
   void set_drafts(std::int32_t const* num_drafts, std::int32_t const* parents)
   {

@@ -1,9 +1,10 @@
 /**
  * @file detail/hierarchy/step_kernels.cuh
- * @brief Kernels of `kv_hierarchy`'s step contract around verification: the draft tree of
- *        a step (`set_drafts`, and the chains `set_batch` sets), and a request leaving the
- *        step it is part of (`release` mid-step). The host reference mirrors them
- *        (`host::kv_hierarchy::prepare_drafts`, `leave_step`).
+ * @brief Kernels of `kv_hierarchy`'s step contract around verification: the batch read
+ *        from device memory (`load_batch`), the draft tree of a step (`set_drafts`, and the
+ *        chains `set_batch` sets), and a request leaving the step it is part of (`release`
+ *        mid-step). The host reference mirrors them (`host::kv_hierarchy::load_batch`,
+ *        `prepare_drafts`, `leave_step`).
  */
 #pragma once
 
@@ -15,6 +16,50 @@
 #include <cstdint>
 
 namespace dhisparse::detail::hierarchy {
+
+/// Arguments of the load-batch kernel.
+struct load_batch_params {
+  std::int32_t const* source;    ///< [1 + 2 max_batch]: count, request indices, queries
+  std::int32_t* batch;           ///< out [1 + 2 max_batch]: the hierarchy's batch, same layout
+  std::int32_t const* admitted;  ///< [max_requests]: 1 for an admitted request index
+  std::uint32_t* status;
+  std::int32_t max_batch;
+  std::int32_t max_queries;
+  std::int32_t max_requests;
+};
+
+/// One block, a thread per batch entry: the batch of `source`, validated. A count outside
+/// [0, max_batch] is clamped; an entry whose index is not an admitted request, repeats an
+/// earlier entry's index, or whose queries lie outside [1, max_queries] gets 0 queries
+/// (the state of an entry released mid-step: every kernel skips it) and keeps its index
+/// where it is a valid one (0 otherwise), so no kernel reads out of range. Both raise
+/// `status_invalid_batch`. Entries from the count to max_batch are padding (0, 0).
+template <int BlockSize>
+DHISPARSE_KERNEL void __launch_bounds__(BlockSize) load_batch_kernel(load_batch_params p)
+{
+  std::int32_t const asked = p.source[0];
+  std::int32_t const count = asked < 0 ? 0 : asked > p.max_batch ? p.max_batch : asked;
+  bool bad                 = count != asked;
+  std::int32_t const* requests_in = p.source + 1;
+  std::int32_t const* queries_in  = p.source + 1 + p.max_batch;
+  for (int b = threadIdx.x; b < p.max_batch; b += BlockSize) {
+    std::int32_t request = 0, queries = 0;
+    if (b < count) {
+      std::int32_t const r  = requests_in[b];
+      std::int32_t const nq = queries_in[b];
+      bool const in_range   = r >= 0 && r < p.max_requests;
+      bool ok               = in_range && p.admitted[r] != 0 && nq >= 1 && nq <= p.max_queries;
+      for (int e = 0; ok && e < b; ++e) { ok = requests_in[e] != r; }
+      request = in_range ? r : 0;
+      queries = ok ? nq : 0;
+      bad     = bad || !ok;
+    }
+    p.batch[1 + b]               = request;
+    p.batch[1 + p.max_batch + b] = queries;
+  }
+  if (threadIdx.x == 0) { p.batch[0] = count; }
+  if (bad) { atomicOr(p.status, status_invalid_batch); }
+}
 
 /// Arguments of the drafts kernel.
 struct drafts_params {
