@@ -257,7 +257,8 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   int const shift = max(0, resolve::bit_width(hi - lo) - 12);
 #pragma unroll
   for (int k = 0; k < sample_per_thread; ++k) {
-    if (ok[k]) { atomicAdd(p.scratch.sample + ((key[k] - lo) >> shift), 1u); }
+    // Warp-aggregated: LRU keys crowd into a few bins (rows touched in one step share one).
+    if (ok[k]) { aggregated_add(p.scratch.sample, unsigned((key[k] - lo) >> shift), 1u); }
   }
   grid.sync();
   // The first bin at which the sample's running count reaches `rank`.
