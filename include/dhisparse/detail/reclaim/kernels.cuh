@@ -212,6 +212,11 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   auto const rank       = std::int64_t(expected + 4.0 * sqrt(expected) + 8.0);
   if (n <= 0 || std::int64_t(want) * 4 > limit) { return ~0ull; }
   auto* range = reinterpret_cast<unsigned long long*>(p.scratch.sample + sample_bins);
+  __shared__ unsigned long long block_lo, block_hi;
+  if (threadIdx.x == 0) {
+    block_lo = ~0ull;
+    block_hi = 0;
+  }
   std::uint64_t key[sample_per_thread];
   bool ok[sample_per_thread];
   std::uint64_t lo = ~0ull, hi = 0;
@@ -219,10 +224,14 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   for (int k = 0; k < sample_per_thread; ++k) {
     std::int64_t const i = first + k * threads;
     ok[k]                = false;
-    if (i < n) {
-      auto const slot = std::int32_t(i * limit / n);
-      ok[k]           = eligible(pool, slot, p.pin_epoch);
-      key[k]          = ok[k] ? Eviction::eviction_key(pool.state[slot], pool.position[slot]) : 0;
+    key[k]               = 0;
+    if (i < n) {  // every field loaded at once: one round trip, not one per test
+      auto const slot          = std::int32_t(i * limit / n);
+      std::int32_t const owner = pool.owner[slot], pos = pool.position[slot];
+      std::uint32_t const dirty = pool.dirty[slot], touched = pool.touched[slot];
+      policy_state const state  = pool.state[slot];
+      ok[k]  = owner >= 0 && pos >= 0 && dirty == 0 && (p.pin_epoch == 0 || touched != p.pin_epoch);
+      key[k] = Eviction::eviction_key(state, pos);
       if (ok[k]) {
         lo = min(lo, key[k]);
         hi = max(hi, key[k]);
@@ -230,9 +239,15 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
     }
   }
   warp_min_max(lo, hi);
+  __syncthreads();
   if ((threadIdx.x & 31) == 0 && lo <= hi) {
-    atomicMax(range, ~lo);
-    atomicMax(range + 1, hi);
+    atomicMin(&block_lo, lo);
+    atomicMax(&block_hi, hi);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && block_lo <= block_hi) {
+    atomicMax(range, ~block_lo);
+    atomicMax(range + 1, block_hi);
   }
   grid.sync();
   lo = ~range[0];
@@ -242,7 +257,8 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   int const shift = max(0, resolve::bit_width(hi - lo) - 12);
 #pragma unroll
   for (int k = 0; k < sample_per_thread; ++k) {
-    if (ok[k]) { atomicAdd(p.scratch.sample + ((key[k] - lo) >> shift), 1u); }
+    // Warp-aggregated: LRU keys crowd into a few bins (rows touched in one step share one).
+    if (ok[k]) { aggregated_add(p.scratch.sample, unsigned((key[k] - lo) >> shift), 1u); }
   }
   grid.sync();
   // The first bin at which the sample's running count reaches `rank`.
@@ -274,23 +290,39 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   return lo + (width - 1);
 }
 
+/// Candidates a warp of `collect` stages in shared memory before it appends them.
+inline constexpr int warp_stage = 256;
+
 /**
  * Appends to `s.candidates[base + …]` (counting in `*counter`) every eligible slot whose
  * key lies in (key_lo, key_hi] — key_lo exclusive only when `above` — leaving its key in
- * `pool.keys`; folds keys and tie-breaks into the block's bounds. Each thread reads
- * `Items` slots' positions and states before deciding, so the pass keeps loads in flight.
+ * `pool.keys`; folds keys and tie-breaks into the thread's bounds. Each thread reads
+ * `Items` slots' positions and states before deciding; each warp stages its candidates in
+ * shared memory and appends them with one atomic when its stage fills, so the pass has no
+ * block barrier and, when few slots qualify, almost no global atomic.
  */
 template <class Eviction, int Block, int Items>
 DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::uint64_t key_lo, bool above,
                               std::uint64_t key_hi, int* counter, int base, int owner_bits, std::uint64_t& kmin,
                               std::uint64_t& kmax, std::uint64_t& tmin, std::uint64_t& tmax)
 {
-  using scan       = cub::BlockScan<int, Block>;
-  __shared__ typename scan::TempStorage temp;
-  __shared__ int block_base;
+  static_assert(32 * Items <= warp_stage);
+  __shared__ std::int32_t stage[Block / 32][warp_stage];
   auto const& pool = p.pool;
   auto const& s    = p.scratch;
   bool const fair  = p.order == reclaim_order::fair_share;
+  int const lane   = int(threadIdx.x & 31);
+  std::int32_t* mine_stage = stage[threadIdx.x / 32];
+  int staged               = 0;  // warp-uniform
+  auto const flush = [&] {
+    int at = 0;
+    if (lane == 0 && staged > 0) { at = atomicAdd(counter, staged); }
+    at = __shfl_sync(0xFFFFFFFFu, at, 0);
+    __syncwarp();
+    for (int i = lane; i < staged; i += 32) { s.candidates[base + at + i] = mine_stage[i]; }
+    __syncwarp();
+    staged = 0;
+  };
   std::int64_t const stride = std::int64_t(gridDim.x) * Block * Items;
   for (std::int64_t tile = std::int64_t(blockIdx.x) * Block * Items; tile < limit; tile += stride) {
     std::int32_t slot[Items], pos[Items];
@@ -302,41 +334,27 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
       pos[k]                = slot[k] >= 0 ? pool.position[slot[k]] : -1;
       state[k]              = slot[k] >= 0 ? pool.state[slot[k]] : policy_state{};
     }
-    std::uint64_t key[Items];
-    bool ok[Items];
-    int mine = 0;
 #pragma unroll
     for (int k = 0; k < Items; ++k) {
-      key[k] = Eviction::eviction_key(state[k], pos[k]);
-      ok[k]  = pos[k] >= 0 && key[k] <= key_hi && (!above || key[k] > key_lo) && eligible(pool, slot[k], p.pin_epoch);
-      mine += ok[k];
-    }
-    int rank = 0, total = 0;
-    scan(temp).ExclusiveSum(mine, rank, total);
-    if (threadIdx.x == 0) { block_base = total > 0 ? atomicAdd(counter, total) : 0; }
-    __syncthreads();
-    int at = base + block_base + rank;
-#pragma unroll
-    for (int k = 0; k < Items; ++k) {
-      if (!ok[k]) { continue; }
-      std::int32_t const owner = pool.owner[slot[k]];
-      std::uint64_t const tie  = (std::uint64_t(pos[k]) << owner_bits) | std::uint64_t(owner);
-      pool.keys[slot[k]]       = key[k];
-      s.candidates[at++]       = slot[k];
-      kmin                     = min(kmin, key[k]);
-      kmax                     = max(kmax, key[k]);
-      tmin                     = min(tmin, tie);
-      tmax                     = max(tmax, tie);
-    }
-    if (fair) {
-#pragma unroll
-      for (int k = 0; k < Items; ++k) {
-        // converged lanes only (aggregated_add matches the active mask)
-        if (ok[k]) { aggregated_add(s.segment + f_eligible, unsigned(pool.owner[slot[k]] * f_fields), 1); }
+      std::uint64_t const key = Eviction::eviction_key(state[k], pos[k]);
+      bool const ok = pos[k] >= 0 && key <= key_hi && (!above || key > key_lo) && eligible(pool, slot[k], p.pin_epoch);
+      unsigned const ballot = __ballot_sync(0xFFFFFFFFu, ok);
+      if (ok) {
+        std::int32_t const owner = pool.owner[slot[k]];
+        std::uint64_t const tie  = (std::uint64_t(pos[k]) << owner_bits) | std::uint64_t(owner);
+        pool.keys[slot[k]]       = key;
+        mine_stage[staged + __popc(ballot & ((1u << lane) - 1))] = slot[k];
+        kmin = min(kmin, key);
+        kmax = max(kmax, key);
+        tmin = min(tmin, tie);
+        tmax = max(tmax, tie);
+        if (fair) { aggregated_add(s.segment + f_eligible, unsigned(owner * f_fields), 1); }
       }
+      staged += __popc(ballot);
     }
-    __syncthreads();  // block_base and temp are reused by the next tile
+    if (staged > warp_stage - 32 * Items) { flush(); }
   }
+  flush();
 }
 
 template <class Eviction, int Block>
@@ -561,7 +579,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
 
 /// Explicit reclaim: up to `target_free` free slots.
 template <class Eviction, int Block>
-DHISPARSE_KERNEL void __launch_bounds__(Block) reclaim_kernel(reclaim_params p)
+DHISPARSE_KERNEL void __launch_bounds__(Block, 2) reclaim_kernel(reclaim_params p)
 {
   int const want = p.target_free - *p.pool.free_count;
   if (want > 0) { run<Eviction, Block>(p, want); }
@@ -570,7 +588,7 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) reclaim_kernel(reclaim_params p)
 /// Reclaim inside resolve: when the step's new rows would leave fewer than `low_watermark`
 /// free slots, release what they need plus `batch_extra`.
 template <class Eviction, int Block>
-DHISPARSE_KERNEL void __launch_bounds__(Block)
+DHISPARSE_KERNEL void __launch_bounds__(Block, 2)
   resolve_reclaim_kernel(reclaim_params p, resolve::request_need const* need, std::uint32_t const* epoch,
                          step_batch_ref batch, std::int32_t low_watermark, std::int32_t batch_extra)
 {
