@@ -78,6 +78,14 @@ inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, 
   return offset;
 }
 
+/// A slot reclaim may release: owned, holding a row, backed up, not selected in `pin_epoch`.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool eligible(std::int32_t owner, std::int32_t position, std::uint32_t dirty,
+                                                     std::uint32_t touched, std::uint32_t pin_epoch)
+{
+  return owner >= 0 && position >= 0 && dirty == 0 && (pin_epoch == 0 || touched != pin_epoch);
+}
+
+/// As above, reading the slot's fields one after another (short-circuit: one load when free).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool eligible(device_pool_ref const& pool, std::int32_t slot,
                                                      std::uint32_t pin_epoch)
 {
@@ -230,7 +238,7 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
       std::int32_t const owner = pool.owner[slot], pos = pool.position[slot];
       std::uint32_t const dirty = pool.dirty[slot], touched = pool.touched[slot];
       policy_state const state  = pool.state[slot];
-      ok[k]  = owner >= 0 && pos >= 0 && dirty == 0 && (p.pin_epoch == 0 || touched != p.pin_epoch);
+      ok[k]  = eligible(owner, pos, dirty, touched, p.pin_epoch);
       key[k] = Eviction::eviction_key(state, pos);
       if (ok[k]) {
         lo = min(lo, key[k]);
