@@ -42,6 +42,13 @@
  * gave a slot, `set_batch` abandons a step left open, `release` mid-step takes the request
  * out of the step, and a commit recycles the tails of a resolve that was never committed.
  *
+ * Devices: a hierarchy lives on `hierarchy_config::device`; every call that allocates,
+ * launches or copies runs there whatever device the caller has current, and restores the
+ * caller's device (detail/device_guard.cuh), so one process may drive one hierarchy per
+ * GPU. Tensor-parallel ranks may share one host store (`hierarchy_config::shared_host`,
+ * shared_host_store.cuh): one writer backs up and returns an event from `backup`, the
+ * readers `wait_host` on it before their own (copy-free) backup.
+ *
  * @tparam RowFormat row layout (see row_format.cuh)
  * @tparam Eviction  eviction policy (see policy/concepts.hpp)
  * @tparam Budget    budget policy (see policy/concepts.hpp)
