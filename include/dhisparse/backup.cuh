@@ -31,6 +31,10 @@ struct backup_params {
   host_store_ref host;
   std::int32_t const* lengths;   ///< [max_requests] committed lengths (the overflow scan)
   std::int32_t num_groups;
+  /// false: mark the dirty rows clean without copying them (nor counting them in
+  /// `backed_up_rows`) — a reader of a shared host store, whose rows another hierarchy
+  /// backs up (shared_host_store.cuh); the caller orders this after that backup.
+  bool copy_rows = true;
 };
 
 /**

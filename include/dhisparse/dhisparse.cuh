@@ -20,6 +20,7 @@
 #include <dhisparse/policy/adaptive_budget.cuh>
 #include <dhisparse/policy/resident_budget.cuh>
 #include <dhisparse/host_store.cuh>
+#include <dhisparse/shared_host_store.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/residency_map.cuh>
 #include <dhisparse/step_batch.cuh>

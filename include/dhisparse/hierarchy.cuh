@@ -42,6 +42,13 @@
  * gave a slot, `set_batch` abandons a step left open, `release` mid-step takes the request
  * out of the step, and a commit recycles the tails of a resolve that was never committed.
  *
+ * Devices: a hierarchy lives on `hierarchy_config::device`; every call that allocates,
+ * launches or copies runs there whatever device the caller has current, and restores the
+ * caller's device (detail/device_guard.cuh), so one process may drive one hierarchy per
+ * GPU. Tensor-parallel ranks may share one host store (`hierarchy_config::shared_host`,
+ * shared_host_store.cuh): one writer backs up and returns an event from `backup`, the
+ * readers `wait_host` on it before their own (copy-free) backup.
+ *
  * @tparam RowFormat row layout (see row_format.cuh)
  * @tparam Eviction  eviction policy (see policy/concepts.hpp)
  * @tparam Budget    budget policy (see policy/concepts.hpp)
@@ -51,6 +58,7 @@
 #include <dhisparse/backup.cuh>
 #include <dhisparse/commit.cuh>
 #include <dhisparse/detail/budget_ledger.hpp>
+#include <dhisparse/detail/device_guard.cuh>
 #include <dhisparse/detail/device_memory.cuh>
 #include <dhisparse/detail/hierarchy/kernels.cuh>
 #include <dhisparse/detail/hierarchy/step_kernels.cuh>
@@ -62,6 +70,7 @@
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/host_store.cuh>
+#include <dhisparse/shared_host_store.cuh>
 #include <dhisparse/memory_resource.cuh>
 #include <dhisparse/policy/concepts.hpp>
 #include <dhisparse/policy/lru.cuh>
@@ -81,6 +90,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,15 +123,29 @@ class kv_hierarchy {
    *        Initialisation is ordered on `stream` (and completed before returning); device
    *        memory is returned on `stream` at destruction, so it must outlive the hierarchy
    *        where the device resource is stream-ordered.
+   *        Everything is allocated on `config.device` (-1: the current device, which
+   *        `config().device` then names); `stream` must belong to that device.
+   *        With `config.shared_host`, the host pages are the shared store's and the
+   *        hierarchy is its writer or one of its readers (`shared_host_writer`).
    * @throws dhisparse::error naming the invalid field of `config`, a budget that does not
-   *         fit it, or a failed allocation
+   *         fit it, a shared store of another shape or with a writer already, or a failed
+   *         allocation
    */
   kv_hierarchy(hierarchy_config config, cudaStream_t stream)
-    : config_{std::move(config)},
-      ledger_{(detail::validate(config_), config_)},
+    : kv_hierarchy(detail::device_guard{detail::chosen_device(config.device, "hierarchy_config.device")},
+                   std::move(config), stream)
+  {
+  }
+
+ private:
+  /// The constructor, run with the hierarchy's device current (`on_device`, restored after).
+  kv_hierarchy(detail::device_guard const& on_device, hierarchy_config&& config, cudaStream_t stream)
+    : binding_{on_device.device()},
+      config_{(config.device = on_device.device(), std::move(config))},
+      ledger_{(detail::validate(config_), check_shared(config_), config_)},
+      writer_{config_.shared_host_writer ? config_.shared_host.get() : nullptr},
       uploader_{detail::pinned_resource(config_.resources)},
-      host_{config_.host, config_.group_layers, RowFormat::bytes, config_.max_requests, config_.max_context, stream,
-            config_.resources},
+      host_{make_store(config_, stream)},
       map_{config_.num_groups(), config_.map_page_positions, map_pages(config_), config_.max_requests,
            config_.max_context, stream, config_.resources}
   {
@@ -166,8 +191,15 @@ class kv_hierarchy {
       workspaces_[i].fill_bytes(0, stream);
     }
     status_host_ = detail::pinned_array<std::uint32_t>(1, detail::pinned_resource(config_.resources), nullptr);
+    if (config_.shared_host_writer) {
+      cudaEvent_t e = nullptr;
+      DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      host_written_.reset(e);
+    }
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   }
+
+ public:
 
   /**
    * @brief Memory a hierarchy of `config` allocates, before constructing it: what the
@@ -187,8 +219,11 @@ class kv_hierarchy {
   {
     detail::validate(config);
     detail::budget_ledger<Budget> const ledger{config};
-    memory_footprint f = host_store::bytes_required(config.host, config.group_layers, RowFormat::bytes,
-                                                    config.max_requests, config.max_context);
+    memory_footprint f =
+      config.shared_host != nullptr
+        ? host_store::shared_bytes_required(config.host, config.max_requests, config.max_context)
+        : host_store::bytes_required(config.host, config.group_layers, RowFormat::bytes, config.max_requests,
+                                     config.max_context);
     f += residency_map::bytes_required(config.num_groups(), config.map_page_positions, map_pages(config),
                                        config.max_requests, config.max_context);
     for (int g = 0; g < config.num_groups(); ++g) {
@@ -201,11 +236,23 @@ class kv_hierarchy {
     return f;
   }
 
-  kv_hierarchy(kv_hierarchy&&) noexcept            = default;
-  kv_hierarchy& operator=(kv_hierarchy&&) noexcept = default;
-  kv_hierarchy(kv_hierarchy const&)                = delete;
-  kv_hierarchy& operator=(kv_hierarchy const&)     = delete;
-  ~kv_hierarchy()                                  = default;
+  kv_hierarchy(kv_hierarchy&&) noexcept        = default;
+  kv_hierarchy(kv_hierarchy const&)            = delete;
+  kv_hierarchy& operator=(kv_hierarchy const&) = delete;
+  /// Releases this hierarchy's memory on its own device, then takes over `o`.
+  kv_hierarchy& operator=(kv_hierarchy&& o) noexcept
+  {
+    if (this != &o) {
+      this->~kv_hierarchy();
+      ::new (static_cast<void*>(this)) kv_hierarchy(std::move(o));
+    }
+    return *this;
+  }
+  /// Returns every allocation on the hierarchy's device; the caller's device is restored.
+  ~kv_hierarchy() { binding_.enter_for_destruction(); }
+
+  /// CUDA device ordinal the hierarchy runs on (`hierarchy_config::device`, resolved).
+  [[nodiscard]] int device() const noexcept { return binding_.device(); }
 
   // ------------------------------------------------------------------------------------
   // Requests: host side, between steps.
@@ -225,9 +272,11 @@ class kv_hierarchy {
   void admit(request_id id, std::int32_t length, cudaStream_t stream, std::int64_t capacity = -1)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::admit");
-    int const index = requests_.check_admit(id, length, capacity);
-    check_storage(index, capacity);
+    auto const on_device = binding_.enter();
+    int const index      = requests_.check_admit(id, length, capacity);
+    check_storage(id, index, capacity);
     ledger_.check(index, backed_capacity(index, capacity), "admit");
+    if (host_.shared() != nullptr) { host_.hold(index, id, length, capacity, uploader_, stream); }
     requests_.insert(id);
     grow(index, capacity, stream);
     uploader_.upload_value(lengths() + index, length, stream);
@@ -251,6 +300,8 @@ class kv_hierarchy {
              cudaStream_t stream, std::int64_t capacity = -1)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::adopt");
+    auto const on_device = binding_.enter();
+    DHISPARSE_EXPECTS(host_.shared() == nullptr, "adopt: not available with a shared host store");
     int const index        = requests_.check_admit(id, length, capacity);
     std::int64_t const tpp = config_.host.tokens_per_page;
     DHISPARSE_EXPECTS(pages != nullptr || num_pages == 0, "adopt: pages is null");
@@ -279,9 +330,10 @@ class kv_hierarchy {
   void reserve(request_id id, std::int64_t capacity, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::reserve");
+    auto const on_device = binding_.enter();
     int const index = requests_.index_of(id, "reserve");
     requests_.check_reserve(capacity);
-    check_storage(index, capacity);
+    check_storage(id, index, capacity);
     ledger_.check(index, std::max(backed_capacity(index, capacity), host_.capacity(index)), "reserve");
     grow(index, capacity, stream);
   }
@@ -300,6 +352,7 @@ class kv_hierarchy {
   void release(request_id id, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::release");
+    auto const on_device = binding_.enter();
     int const index = requests_.index_of(id, "release");
     DHISPARSE_CUDA_TRY(release_async(release_args(index), stream));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(admitted() + index, 0, sizeof(std::int32_t), stream));
@@ -350,6 +403,7 @@ class kv_hierarchy {
                        void const* source, std::size_t source_stride, cudaStream_t stream) const
   {
     DHISPARSE_NVTX_RANGE("dhisparse::write_host_rows");
+    auto const on_device = binding_.enter();
     host_.write_rows(requests_.index_of(id, "write_host_rows"), group, layer, first, count, source, source_stride,
                      stream);
   }
@@ -378,13 +432,15 @@ class kv_hierarchy {
   void set_pool_limit(int group, std::int64_t limit, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::set_pool_limit");
+    auto const on_device = binding_.enter();
     ledger_.check_limit(group, limit);
+    if (limit < ledger_.limit(group)) { check_host_waited("set_pool_limit (lowering: backs rows up)"); }
     namespace hd                 = detail::hierarchy;
     std::int32_t const old_limit = std::int32_t(ledger_.limit(group));
     std::int32_t const lim       = std::int32_t(limit);
     device_pool_ref const pool   = pools_[group].ref();
     if (lim < old_limit) {
-      backup(stream);
+      back_up(stream);
       if constexpr (reclaims) { reclaim_to(group, old_limit - lim, 0, stream); }
       DHISPARSE_CUDA_TRY(cudaMemsetAsync(pool.free_count, 0, sizeof(std::int32_t), stream));
       unsigned const blocks = launch_blocks(lim);
@@ -417,6 +473,7 @@ class kv_hierarchy {
   void reclaim(int group, std::int32_t free_slots, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::reclaim");
+    auto const on_device = binding_.enter();
     requests_.check_group(group, "reclaim");
     if constexpr (reclaims) { reclaim_to(group, free_slots, 0, stream); }
   }
@@ -430,6 +487,7 @@ class kv_hierarchy {
   void prewarm(request_id id, std::int32_t count, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::prewarm");
+    auto const on_device = binding_.enter();
     int const index = requests_.index_of(id, "prewarm");
     DHISPARSE_EXPECTS(count >= 0, "prewarm: count must not be negative");
     for (int g = 0; g < config_.num_groups(); ++g) { prewarm_chunks(index, g, -1, count, stream); }
@@ -442,6 +500,7 @@ class kv_hierarchy {
   void prewarm_range(request_id id, int group, std::int32_t first, std::int32_t count, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::prewarm_range");
+    auto const on_device = binding_.enter();
     int const index = requests_.index_of(id, "prewarm_range");
     requests_.check_group(group, "prewarm_range");
     DHISPARSE_EXPECTS(first >= 0 && count >= 0, "prewarm_range: first and count must not be negative");
@@ -462,6 +521,7 @@ class kv_hierarchy {
   void set_batch(request_id const* ids, std::int32_t const* queries, int count, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::set_batch");
+    auto const on_device = binding_.enter();
     auto const indices = requests_.batch_indices(ids, queries, count);
     // A step left open (resolved, not committed) is abandoned: its tail rows are recycled
     // and nothing is committed, so that no tail slot outlives the batch it was given to.
@@ -498,6 +558,7 @@ class kv_hierarchy {
   void load_batch(std::int32_t const* batch, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::load_batch");
+    auto const on_device = binding_.enter();
     DHISPARSE_EXPECTS(batch != nullptr, "load_batch: batch must not be null");
     commit_params abandon = commit_args(nullptr);
     abandon.mode          = commit_mode::abandon;
@@ -537,6 +598,7 @@ class kv_hierarchy {
   void set_drafts(std::int32_t const* num_drafts, std::int32_t const* parents, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::set_drafts");
+    auto const on_device = binding_.enter();
     DHISPARSE_EXPECTS(num_drafts != nullptr, "set_drafts: num_drafts must not be null");
     launch_drafts(num_drafts, parents, stream);
   }
@@ -572,6 +634,7 @@ class kv_hierarchy {
                float const* scores = nullptr)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::resolve");
+    auto const on_device = binding_.enter();
     resolve_rows(group, selections, top_k, stream, scores, false);
   }
 
@@ -586,6 +649,7 @@ class kv_hierarchy {
                             float const* scores = nullptr)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::resolve_and_retrieve");
+    auto const on_device = binding_.enter();
     resolve_rows(group, selections, top_k, stream, scores, true);
   }
 
@@ -632,6 +696,7 @@ class kv_hierarchy {
   void retrieve(int group, cudaStream_t stream, int layer_begin = 0, int layer_end = -1)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::retrieve");
+    auto const on_device = binding_.enter();
     requests_.check_retrieve(group, layer_begin, layer_end);
     DHISPARSE_CUDA_TRY(retrieve_async(retrieve_args(group, plan_ref(group), layer_begin, layer_end), 0, stream));
   }
@@ -647,6 +712,7 @@ class kv_hierarchy {
   void commit(std::int32_t const* accepted, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::commit");
+    auto const on_device = binding_.enter();
     DHISPARSE_CUDA_TRY(commit_async(commit_args(accepted), stream));
   }
 
@@ -662,6 +728,7 @@ class kv_hierarchy {
   void commit_verified(verified_step const& v, cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::commit_verified");
+    auto const on_device = binding_.enter();
     DHISPARSE_EXPECTS_NO_PROBLEM(verified_step_problem(v));
     commit_params p = commit_args(nullptr);
     p.mode          = commit_mode::verified;
@@ -680,17 +747,48 @@ class kv_hierarchy {
     return step_queries_.data() + 3 * std::size_t(config_.max_batch) * config_.max_queries;
   }
 
-  /// Copies every committed, not yet backed-up row to the host store (see backup.cuh).
-  void backup(cudaStream_t stream)
+  /**
+   * @brief Copies every committed, not yet backed-up row to the host store (see
+   *        backup.cuh); the rows become clean.
+   *
+   * With a shared host store (shared_host_store.cuh): the writer copies and records an
+   * event after the copies, which it returns — every reader hands it to `wait_host` before
+   * its own `backup`. A reader copies nothing: its committed rows (the same bytes the
+   * writer copied) are marked clean, so a reader must have called `wait_host` since its
+   * last backup.
+   * @return the writer's event (valid until its next backup), nullptr otherwise
+   * @throws dhisparse::error for a reader that did not call `wait_host` (nothing enqueued)
+   */
+  cudaEvent_t backup(cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::backup");
-    backup_params p{};
-    p.pools      = pool_refs_.data();
-    p.layouts    = layouts_.data();
-    p.host       = host_.ref();
-    p.lengths    = lengths();
-    p.num_groups = config_.num_groups();
-    DHISPARSE_CUDA_TRY(backup_async(p, 0, stream));
+    auto const on_device = binding_.enter();
+    check_host_waited("backup");
+    back_up(stream);
+    if (host_written_ != nullptr) { DHISPARSE_CUDA_TRY(cudaEventRecord(host_written_.get(), stream)); }
+    return host_written_.get();
+  }
+
+  /**
+   * @brief A reader of a shared host store: orders the work enqueued on `stream` after
+   *        this call (its next `backup` first) after `writer_backup`, the event the writer's
+   *        `backup` returned (of any device). Capturable where the event's record is part
+   *        of the same capture.
+   * @throws dhisparse::error for a null event
+   */
+  void wait_host(cudaEvent_t writer_backup, cudaStream_t stream)
+  {
+    DHISPARSE_NVTX_RANGE("dhisparse::wait_host");
+    auto const on_device = binding_.enter();
+    DHISPARSE_EXPECTS(writer_backup != nullptr, "wait_host: writer_backup is null");
+    DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, writer_backup, 0));
+    host_waited_ = true;
+  }
+
+  /// Whether this hierarchy reads a shared host store that another hierarchy backs up.
+  [[nodiscard]] bool host_reader() const noexcept
+  {
+    return config_.shared_host != nullptr && !config_.shared_host_writer;
   }
 
   // ------------------------------------------------------------------------------------
@@ -793,6 +891,7 @@ class kv_hierarchy {
   /// `stream`. @throws dhisparse::error for an unknown id
   [[nodiscard]] std::int32_t length_sync(request_id id, cudaStream_t stream) const
   {
+    auto const on_device = binding_.enter();
     int const index = requests_.index_of(id, "length_sync");
     std::int32_t length = 0;
     DHISPARSE_CUDA_TRY(
@@ -821,6 +920,7 @@ class kv_hierarchy {
   /// Reads the status word; synchronizes `stream`.
   [[nodiscard]] std::uint32_t status_sync(cudaStream_t stream) const
   {
+    auto const on_device = binding_.enter();
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(status_host_.data(), status_.data(), sizeof(std::uint32_t),
                                        cudaMemcpyDeviceToHost, stream));
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -831,6 +931,7 @@ class kv_hierarchy {
   void clear_status(cudaStream_t stream)
   {
     DHISPARSE_NVTX_RANGE("dhisparse::clear_status");
+    auto const on_device = binding_.enter();
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(status_.data(), 0, sizeof(std::uint32_t), stream));
   }
 
@@ -848,6 +949,7 @@ class kv_hierarchy {
   void read_counters(int group, group_counters* out, cudaStream_t stream) const
   {
     DHISPARSE_NVTX_RANGE("dhisparse::read_counters");
+    auto const on_device = binding_.enter();
     DHISPARSE_CUDA_TRY(
       cudaMemcpyAsync(out, counters(group), sizeof(group_counters), cudaMemcpyDeviceToHost, stream));
   }
@@ -868,6 +970,7 @@ class kv_hierarchy {
   void read_counters(int group, group_counters* out, cudaStream_t monitor_stream, cudaEvent_t after) const
   {
     DHISPARSE_NVTX_RANGE("dhisparse::read_counters");
+    auto const on_device = binding_.enter();
     requests_.check_group(group, "read_counters");
     if (after != nullptr) { DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(monitor_stream, after, 0)); }
     DHISPARSE_CUDA_TRY(
@@ -883,6 +986,74 @@ class kv_hierarchy {
   }
 
  private:
+  /// The marking or copying part of `backup` (readers: after `wait_host`).
+  void back_up(cudaStream_t stream)
+  {
+    backup_params p{};
+    p.pools      = pool_refs_.data();
+    p.layouts    = layouts_.data();
+    p.host       = host_.ref();
+    p.lengths    = lengths();
+    p.num_groups = config_.num_groups();
+    p.copy_rows  = !host_reader();
+    DHISPARSE_CUDA_TRY(backup_async(p, 0, stream));
+    host_waited_ = false;
+  }
+
+  void check_host_waited(char const* what) const
+  {
+    DHISPARSE_EXPECTS(!host_reader() || host_waited_,
+                      std::string(what) + ": a reader of a shared host store marks its rows clean only after "
+                                          "wait_host(the writer's backup event) (shared_host_store.cuh)");
+  }
+
+  /// A shared store must describe the same pages as `c.host`, for rows of this format.
+  static int check_shared(hierarchy_config const& c)
+  {
+    shared_host_store const* s = c.shared_host.get();
+    if (s == nullptr) { return 0; }
+    DHISPARSE_EXPECTS(s->row_bytes() == RowFormat::bytes, "hierarchy_config.shared_host: rows of " +
+                                                            std::to_string(s->row_bytes()) + " bytes, the row format has " +
+                                                            std::to_string(RowFormat::bytes));
+    DHISPARSE_EXPECTS(s->group_layers() == c.group_layers,
+                      "hierarchy_config.shared_host: its group_layers differ from the configuration's");
+    DHISPARSE_EXPECTS(s->max_context() >= c.max_context,
+                      "hierarchy_config.shared_host: its max_context is below the configuration's");
+    host_store_config const& h = s->config();
+    DHISPARSE_EXPECTS(h.capacity_pages == c.host.capacity_pages && h.tokens_per_page == c.host.tokens_per_page &&
+                        h.page_bytes == c.host.page_bytes,
+                      "hierarchy_config.host must describe the shared store (host = shared_host->config())");
+    return 0;
+  }
+
+  static host_store make_store(hierarchy_config const& c, cudaStream_t stream)
+  {
+    if (c.shared_host != nullptr) { return host_store{c.shared_host, c.max_requests, stream, c.resources}; }
+    return host_store{c.host, c.group_layers, RowFormat::bytes, c.max_requests, c.max_context, stream, c.resources};
+  }
+
+  /// The writer's registration with its shared store (one writer per store).
+  class writer_registration {
+   public:
+    explicit writer_registration(shared_host_store* store) : store_{store}
+    {
+      if (store_ != nullptr) { store_->attach_writer(); }
+    }
+    writer_registration(writer_registration&& o) noexcept : store_{std::exchange(o.store_, nullptr)} {}
+    writer_registration& operator=(writer_registration&&) = delete;
+    ~writer_registration()
+    {
+      if (store_ != nullptr) { store_->detach_writer(); }
+    }
+
+   private:
+    shared_host_store* store_ = nullptr;
+  };
+
+  struct event_destroy {
+    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+  };
+
   /// The device pool of `group` (the constructor and `bytes_required`).
   static device_pool_shape pool_shape(hierarchy_config const& c, detail::budget_ledger<Budget> const& ledger,
                                       int group)
@@ -1055,9 +1226,10 @@ class kv_hierarchy {
   /// Throws before anything changes if the host store would run out. (The map's pool is
   /// sized from the host store's capacity plus one partial page per request, so it cannot
   /// run out first.)
-  void check_storage(int index, std::int64_t capacity) const
+  void check_storage(request_id id, int index, std::int64_t capacity) const
   {
-    std::size_t const host_need = host_.missing_pages(index, capacity);
+    std::size_t const host_need = host_.shared() != nullptr ? host_.shared()->missing_pages(id, capacity)
+                                                            : host_.missing_pages(index, capacity);
     DHISPARSE_EXPECTS(host_need <= host_.free_pages(),
                       "host store exhausted: " + std::to_string(host_need) + " pages needed, " +
                         std::to_string(host_.free_pages()) + " free");
@@ -1115,8 +1287,10 @@ class kv_hierarchy {
     }
   }
 
+  detail::device_binding binding_;  // first: destroyed last, after the members that free device memory
   hierarchy_config config_;
   detail::budget_ledger<Budget> ledger_;
+  writer_registration writer_;
   detail::staging_uploader uploader_;
   host_store host_;
   residency_map map_;
@@ -1144,6 +1318,8 @@ class kv_hierarchy {
   detail::pinned_array<std::uint32_t> status_host_;
   detail::request_table requests_{config_};
   int batch_count_ = 0;
+  std::unique_ptr<CUevent_st, event_destroy> host_written_;  // shared store writer: recorded by backup
+  bool host_waited_ = false;                                 // shared store reader: wait_host since backup
   std::vector<int> resolved_top_k_ = std::vector<int>(std::size_t(config_.num_groups()), 0);  // per group
 };
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@ struct layer_view {
 
 class device_memory_resource;  // memory_resource.cuh
 class pinned_memory_resource;  // memory_resource.cuh
+class shared_host_store;       // shared_host_store.cuh
 
 /// The resources an owner allocates from (memory_resource.cuh); nullptr: the default
 /// (`cudaMalloc`, `cudaHostAlloc`). Not owned: they must outlive the owner.
@@ -155,6 +157,18 @@ struct hierarchy_config {
   /// Where every device and pinned allocation comes from (nullptr: the defaults); see
   /// memory_resource.cuh and `kv_hierarchy::bytes_required`.
   memory_resources resources{};
+  /// CUDA device ordinal the hierarchy lives on: every allocation, launch and copy of
+  /// `kv_hierarchy` runs there whatever the caller's current device is (the caller's
+  /// device is restored after each call). -1: the current device at construction. Streams
+  /// handed to the hierarchy must belong to this device.
+  int device = -1;
+  /// A host store shared with other hierarchies (tensor-parallel ranks holding the same
+  /// KV, shared_host_store.cuh) instead of one of its own; `host` must then describe the
+  /// shared store (`host = shared_host->config()`). nullptr: the hierarchy owns its store.
+  std::shared_ptr<shared_host_store> shared_host{};
+  /// With `shared_host`: this hierarchy is the one rank that backs rows up into the shared
+  /// pages (exactly one per store); the others only read them.
+  bool shared_host_writer = false;
 
   [[nodiscard]] int num_groups() const noexcept { return int(group_layers.size()); }
   /// Layers of all groups (at most `max_total_layers` in a configuration `validate` accepts).
@@ -215,6 +229,9 @@ inline void validate(hierarchy_config const& c)
   DHISPARSE_EXPECTS(c.reclaim_sample_slots >= 0, "hierarchy_config.reclaim_sample_slots must not be negative");
   DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),
                     "hierarchy_config.slab_memory must be empty or hold one slab per group");
+  DHISPARSE_EXPECTS(c.device >= -1, "hierarchy_config.device must be -1 (the current device) or a device ordinal");
+  DHISPARSE_EXPECTS(c.shared_host != nullptr || !c.shared_host_writer,
+                    "hierarchy_config.shared_host_writer needs a shared_host");
   DHISPARSE_EXPECTS(c.device_slots_per_group > 0 && c.device_slots_per_group < (std::int64_t{1} << 31),
                     "hierarchy_config.device_slots_per_group must be in [1, 2^31)");
 }

@@ -30,7 +30,13 @@
  * are `mbind`-ed before they are touched, the pinned resource runs under a thread policy
  * that prefers the node (which places what `cudaHostAlloc` touches). Where the system
  * refuses or there is one node, nothing is bound;
- * `numa()` says what happened and on which node the first page landed.
+ * `numa()` says what happened and on which node the first page landed. A `kv_hierarchy`
+ * constructs its store on its configured device (`hierarchy_config::device`), so the node
+ * is the one closest to that device.
+ *
+ * Sharing. Tensor-parallel ranks hold the same KV: a `shared_host_store` owns the pages and
+ * the page allocator once, and each rank's `host_store` (the second constructor) is a view
+ * with a device page table of its own (shared_host_store.cuh).
  */
 #pragma once
 
@@ -39,11 +45,13 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/numa.hpp>
 #include <dhisparse/detail/page_table.cuh>
+#include <dhisparse/detail/pinned_host_memory.cuh>
 #include <dhisparse/detail/staging_uploader.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/hierarchy_config.hpp>
 #include <dhisparse/memory_resource.cuh>
 #include <dhisparse/row_format.cuh>
+#include <dhisparse/shared_host_store.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -52,6 +60,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -94,141 +103,6 @@ struct host_store_ref {
 };
 static_assert(std::is_trivially_copyable_v<host_store_ref>);
 
-namespace detail {
-
-/// Move-only owner of the host store's memory: from the pinned resource, huge pages or
-/// registered caller memory, mapped into the device address space.
-class pinned_host_memory {
- public:
-  pinned_host_memory() = default;
-  pinned_host_memory(host_store_config const& config, std::size_t bytes,
-                     pinned_memory_resource& pinned = default_pinned_resource())
-    : kind_{config.memory}
-  {
-    numa_.requested = config.numa_node;
-    numa::choice const where =
-      kind_ == host_memory::caller ? numa::choice{-1, "caller memory: placed by the caller"}
-                                   : numa::choose_node(config.numa_node, "/sys", current_pci_bus_id());
-    numa_.node   = where.node;
-    numa_.reason = where.reason;
-    switch (kind_) {
-      case host_memory::pinned: {
-        // cudaHostAlloc (the default resource) touches its pages in this thread: a thread
-        // policy places them. A caller's resource that hands out touched memory places it.
-        std::optional<numa::scoped_preferred_node> prefer;
-        if (where.node >= 0) {
-          prefer.emplace(where.node);
-          if (prefer->status() != 0) { unbind(numa::refused("set_mempolicy", prefer->status())); }
-        }
-        pages_ = pinned_array<std::byte>(bytes, pinned, nullptr);
-        host_  = pages_.data();
-        break;
-      }
-      case host_memory::huge_pages: {
-        mapped_bytes_ = mapped_size(kind_, bytes);
-        void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        DHISPARSE_EXPECTS(p != MAP_FAILED,
-                          "host_store: mmap of " + std::to_string(mapped_bytes_) + " bytes failed");
-        if (where.node >= 0) {  // before any page is touched
-          int const err = numa::bind_preferred(p, mapped_bytes_, where.node);
-          if (err != 0) { unbind(numa::refused("mbind", err)); }
-        }
-        ::madvise(p, mapped_bytes_, MADV_HUGEPAGE);  // a hint: no error if THP is off
-        host_ = static_cast<std::byte*>(p);
-        register_memory(mapped_bytes_);
-        break;
-      }
-      case host_memory::caller:
-        DHISPARSE_EXPECTS(config.caller_memory != nullptr,
-                          "host_store: host_memory::caller needs caller_memory");
-        DHISPARSE_EXPECTS(reinterpret_cast<std::uintptr_t>(config.caller_memory) % row_alignment == 0,
-                          "host_store: caller_memory must be 16-byte aligned");
-        DHISPARSE_EXPECTS(config.caller_bytes >= bytes,
-                          "host_store: caller_bytes (" + std::to_string(config.caller_bytes) +
-                            ") is smaller than capacity_pages × page bytes (" + std::to_string(bytes) + ")");
-        host_ = static_cast<std::byte*>(config.caller_memory);
-        if (!config.caller_memory_registered) { register_memory(config.caller_bytes); }
-        break;
-    }
-    numa_.first_page_node = numa::page_node(host_);
-    DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
-  }
-  pinned_host_memory(pinned_host_memory&& o) noexcept { swap(o); }
-  pinned_host_memory& operator=(pinned_host_memory&& o) noexcept
-  {
-    swap(o);
-    return *this;
-  }
-  pinned_host_memory(pinned_host_memory const&)            = delete;
-  pinned_host_memory& operator=(pinned_host_memory const&) = delete;
-  ~pinned_host_memory()
-  {
-    if (host_ == nullptr) { return; }
-    if (registered_) { cudaHostUnregister(host_); }
-    if (kind_ == host_memory::huge_pages) { ::munmap(host_, mapped_bytes_); }
-  }
-
-  [[nodiscard]] std::byte* host() const noexcept { return host_; }
-  [[nodiscard]] std::byte* device() const noexcept { return device_; }
-
-  /// Host bytes a store of `bytes` occupies: rounded up to whole 2 MiB pages with
-  /// huge_pages, `bytes` otherwise.
-  static std::size_t mapped_size(host_memory kind, std::size_t bytes) noexcept
-  {
-    std::size_t const huge = std::size_t{2} << 20;
-    return kind == host_memory::huge_pages ? (bytes + huge - 1) / huge * huge : bytes;
-  }
-  [[nodiscard]] numa_binding const& numa() const noexcept { return numa_; }
-
-  /// PCI bus id of the current device ("" without one), for the NUMA choice.
-  static std::string current_pci_bus_id()
-  {
-    int device = 0;
-    char id[32] = {};
-    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetPCIBusId(id, int(sizeof id), device) != cudaSuccess) {
-      cudaGetLastError();
-      return {};
-    }
-    return id;
-  }
-
- private:
-  void unbind(std::string why)
-  {
-    numa_.reason += "; " + why + ", not bound";
-    numa_.node = -1;
-  }
-  void register_memory(std::size_t bytes)
-  {
-    cudaError_t const status = cudaHostRegister(host_, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
-    if (status != cudaSuccess) {
-      if (kind_ == host_memory::huge_pages) { ::munmap(host_, mapped_bytes_); }
-      host_ = nullptr;
-      throw_cuda_error(status, "cudaHostRegister", __FILE__, __LINE__);
-    }
-    registered_ = true;
-  }
-  void swap(pinned_host_memory& o) noexcept
-  {
-    std::swap(kind_, o.kind_);
-    std::swap(pages_, o.pages_);
-    std::swap(host_, o.host_);
-    std::swap(device_, o.device_);
-    std::swap(mapped_bytes_, o.mapped_bytes_);
-    std::swap(registered_, o.registered_);
-    std::swap(numa_, o.numa_);
-  }
-
-  host_memory kind_        = host_memory::pinned;
-  pinned_array<std::byte> pages_;  // host_memory::pinned: from the resource
-  std::byte* host_         = nullptr;
-  std::byte* device_       = nullptr;
-  std::size_t mapped_bytes_ = 0;
-  bool registered_         = false;
-  numa_binding numa_{};
-};
-
-}  // namespace detail
 
 /**
  * @brief Owning, move-only host backing store (see the file comment).
@@ -259,6 +133,33 @@ class host_store {
     while ((1 << page_shift_) < config.tokens_per_page) { ++page_shift_; }
     memory_ = detail::pinned_host_memory(config, page_bytes_ * config.capacity_pages,
                                          detail::pinned_resource(resources));
+    host_base_   = memory_.host();
+    device_base_ = memory_.device();
+  }
+
+  /**
+   * @brief One rank's view of a store shared by several hierarchies (shared_host_store.cuh):
+   *        the shared pages, mapped into the current device, and a device page table of its
+   *        own, filled with the pages the shared allocator chose (`hold`, `grow`).
+   * @param stream    stream of the current device on which the page table is initialised
+   * @param resources where the device page table comes from
+   * @throws dhisparse::error on invalid arguments or failed allocation
+   */
+  host_store(std::shared_ptr<shared_host_store> shared, int max_requests, cudaStream_t stream,
+             memory_resources const& resources = {})
+    : config_{shared_config(shared)},
+      row_bytes_{shared->row_bytes()},
+      group_layers_{shared->group_layers()},
+      layouts_{shared->layouts()},
+      pages_{"host store", check(config_, row_bytes_, max_requests, shared->max_context()), max_requests,
+             config_.tokens_per_page, shared->max_context(), detail::device_resource(resources), stream},
+      shared_{std::move(shared)},
+      ids_(std::size_t(max_requests), request_id{})
+  {
+    page_bytes_ = shared_->page_bytes();
+    while ((1 << page_shift_) < config_.tokens_per_page) { ++page_shift_; }
+    host_base_ = shared_->host();
+    DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_base_), host_base_, 0));
   }
 
   /**
@@ -284,13 +185,32 @@ class host_store {
   host_store& operator=(host_store&&) noexcept = default;
   host_store(host_store const&)                = delete;
   host_store& operator=(host_store const&)     = delete;
-  ~host_store()                                = default;
+  /// A rank's view of a shared store lets go of the requests it still holds (the caller
+  /// finished the work that uses them: destruction is not stream-ordered).
+  ~host_store()
+  {
+    if (!shared_) { return; }
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+      if (!pages_.pages(int(i)).empty()) { shared_->drop_now(ids_[i]); }
+    }
+  }
+
+  /// Memory a rank's view of a shared store allocates: its device page table only.
+  static memory_footprint shared_bytes_required(host_store_config const& config, int max_requests, int max_context)
+  {
+    memory_footprint f{};
+    f.device_bytes = detail::page_table::device_bytes_for(max_requests, config.tokens_per_page, max_context);
+    return f;
+  }
+
+  /// The store shared with other hierarchies, or nullptr when this store owns its pages.
+  [[nodiscard]] shared_host_store* shared() const noexcept { return shared_.get(); }
 
   /// Bytes of one page (all groups, all layers, P tokens).
   [[nodiscard]] std::size_t page_bytes() const noexcept { return page_bytes_; }
   [[nodiscard]] int tokens_per_page() const noexcept { return config_.tokens_per_page; }
   [[nodiscard]] std::size_t capacity_pages() const noexcept { return config_.capacity_pages; }
-  [[nodiscard]] std::size_t free_pages() const noexcept { return pages_.free_pages(); }
+  [[nodiscard]] std::size_t free_pages() const { return shared_ ? shared_->free_pages() : pages_.free_pages(); }
   [[nodiscard]] int max_pages_per_request() const noexcept { return pages_.max_pages_per_request(); }
   [[nodiscard]] group_layout layout(int group) const { return layouts_.at(group); }
   [[nodiscard]] std::vector<group_layout> const& layouts() const noexcept { return layouts_; }
@@ -309,7 +229,28 @@ class host_store {
   void grow(int request, std::int64_t capacity, detail::staging_uploader& uploader,
             cudaStream_t stream)
   {
-    pages_.grow(request, capacity, uploader, stream);
+    if (shared_) {
+      take_shared(request, shared_->grow(ids_[std::size_t(request)], capacity), capacity, uploader, stream);
+    } else {
+      pages_.grow(request, capacity, uploader, stream);
+    }
+  }
+
+  /**
+   * @brief Shared store: `request` (holding no pages) becomes one more holder of request
+   *        `id` in the shared store and backs [0, capacity) with its pages — the pages
+   *        another rank took for `id`, or new ones for the first rank. All or nothing.
+   * @throws dhisparse::error when the store is not shared, `length` differs from the first
+   *         rank's, or the shared store is exhausted
+   */
+  void hold(int request, request_id id, std::int32_t length, std::int64_t capacity,
+            detail::staging_uploader& uploader, cudaStream_t stream)
+  {
+    DHISPARSE_EXPECTS(shared_ != nullptr, "host_store::hold: the store is not shared");
+    DHISPARSE_EXPECTS(pages_.pages(request).empty(), "host_store::hold: the request holds pages");
+    std::vector<std::int32_t> const pages = shared_->hold(id, length, capacity);
+    ids_[std::size_t(request)]            = id;
+    take_shared(request, pages, capacity, uploader, stream);
   }
 
   /**
@@ -323,11 +264,21 @@ class host_store {
   void adopt(int request, std::vector<std::int32_t> const& pages, detail::staging_uploader& uploader,
              cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS(shared_ == nullptr, "adopt: not available with a shared host store");
     pages_.adopt(request, pages, uploader, stream);
   }
 
-  /// Returns all pages of `request` to the store; its device table row becomes empty.
-  void release(int request, cudaStream_t stream) { pages_.release(request, stream); }
+  /// Returns all pages of `request` to the store; its device table row becomes empty. A
+  /// shared store frees them once every rank released the request.
+  void release(int request, cudaStream_t stream)
+  {
+    if (shared_) {
+      pages_.release_now(request, stream);
+      shared_->drop(ids_[std::size_t(request)], stream);
+    } else {
+      pages_.release(request, stream);
+    }
+  }
 
   /// Positions of `request` currently backed by pages.
   [[nodiscard]] std::int64_t capacity(int request) const { return pages_.capacity(request); }
@@ -348,7 +299,7 @@ class host_store {
                         " is not backed by a page");
     std::size_t const page    = std::size_t(pages_.pages(request)[position >> page_shift_]);
     std::size_t const in_page = std::size_t(position) & (config_.tokens_per_page - 1);
-    return memory_.host() + page * page_bytes_ + layouts_[group].page_offset +
+    return host_base_ + page * page_bytes_ + layouts_[group].page_offset +
            in_page * layouts_[group].row_bytes + std::size_t(layer) * row_bytes_;
   }
 
@@ -395,7 +346,7 @@ class host_store {
   }
 
   /// NUMA placement of the store's pages (see the file comment).
-  [[nodiscard]] numa_binding const& numa() const noexcept { return memory_.numa(); }
+  [[nodiscard]] numa_binding const& numa() const noexcept { return shared_ ? shared_->numa() : memory_.numa(); }
   /// Bytes of the store (capacity_pages × page_bytes): the host range of its rows, e.g. for
   /// `order_plan_async`.
   [[nodiscard]] std::size_t bytes() const noexcept { return page_bytes_ * config_.capacity_pages; }
@@ -403,10 +354,28 @@ class host_store {
   /// Device view for kernels.
   [[nodiscard]] host_store_ref ref() const noexcept
   {
-    return {memory_.device(), pages_.device_table(), pages_.max_pages_per_request(), page_shift_, page_bytes_};
+    return {device_base_, pages_.device_table(), pages_.max_pages_per_request(), page_shift_, page_bytes_};
   }
 
  private:
+  static host_store_config shared_config(std::shared_ptr<shared_host_store> const& shared)
+  {
+    DHISPARSE_EXPECTS(shared != nullptr, "host_store: the shared store is null");
+    return shared->config();
+  }
+
+  /// Appends the pages of `shared_pages` this rank lacks to cover [0, capacity).
+  void take_shared(int request, std::vector<std::int32_t> const& shared_pages, std::int64_t capacity,
+                   detail::staging_uploader& uploader, cudaStream_t stream)
+  {
+    std::size_t const have = pages_.pages(request).size();
+    std::size_t const want = std::min(shared_pages.size(), std::size_t((capacity + config_.tokens_per_page - 1) /
+                                                                       config_.tokens_per_page));
+    if (want <= have) { return; }
+    pages_.extend(request, std::vector<std::int32_t>(shared_pages.begin() + have, shared_pages.begin() + want),
+                  uploader, stream);
+  }
+
   /// Validates the arguments; returns the page count.
   static std::size_t check(host_store_config const& config, std::size_t row_bytes, int max_requests,
                            int max_context)
@@ -430,7 +399,11 @@ class host_store {
   std::vector<group_layout> layouts_;
   std::int32_t page_shift_ = 0;
   detail::page_table pages_;
-  detail::pinned_host_memory memory_;
+  detail::pinned_host_memory memory_;         // not shared: the pages
+  std::shared_ptr<shared_host_store> shared_;  // shared: the pages and their allocator
+  std::vector<request_id> ids_;                // shared: the request id of each index
+  std::byte* host_base_   = nullptr;           // host address of page 0
+  std::byte* device_base_ = nullptr;           // its address on the current device
 };
 
 }  // namespace dhisparse

@@ -66,6 +66,7 @@ class twin {
   twin(hierarchy_config const& c, std::uint64_t salt, cudaStream_t stream)
     : config_{c}, salt_{salt}, stream_{stream}, gpu_{c, stream}, ref_{c}
   {
+    auto const on_device      = detail::device_guard{gpu_.device()};  // the test's buffers beside the hierarchy
     std::size_t const entries = c.step_entries();
     d_selections_             = device_vector<std::int32_t>(entries);
     d_scores_                 = device_vector<float>(entries);
@@ -234,7 +235,8 @@ class twin {
   /// Enqueues the GPU model's tail writes for group g (capturable).
   void write_tails_gpu(int g)
   {
-    auto const view   = gpu_.layer_rows(g, 0);
+    auto const on_device = detail::device_guard{gpu_.device()};  // a launch needs the stream's device current
+    auto const view      = gpu_.layer_rows(g, 0);
     int const entries = config_.max_batch * config_.max_queries;
     write_tails_kernel<<<entries, 128, 0, stream_>>>(view.rows, view.stride, gpu_.tail_slots(g),
                                                      d_tail_rows_[g].data(), entries);
@@ -323,7 +325,7 @@ class twin {
       ref_.commit(nullptr);
     }
     if (backup) {
-      gpu_.backup(stream_);
+      gpu_backup();
       ref_.backup();
     }
     advance_lengths(accepted);
@@ -510,14 +512,28 @@ class twin {
     REQUIRE(got.reclaimed_rows == want.reclaimed_rows);
     REQUIRE(got.reclaims == want.reclaims);
     REQUIRE(got.prewarmed_rows == want.prewarmed_rows);
-    REQUIRE(got.backed_up_rows == want.backed_up_rows);
+    // A reader of a shared host store copies nothing: its writer backs the rows up.
+    REQUIRE(got.backed_up_rows == (gpu_.host_reader() ? 0 : want.backed_up_rows));
+  }
+
+  /// A reader of a shared host store: the event its backups wait for (the writer's last
+  /// `backup`), set before each step that backs up.
+  void wait_host_before_backup(cudaEvent_t writer_backup) { host_event_ = writer_backup; }
+  /// The event the last backup returned (a writer's; nullptr otherwise).
+  cudaEvent_t last_backup() const { return last_backup_; }
+
+  /// The GPU side's backup; a reader first waits for its writer's.
+  void gpu_backup()
+  {
+    if (gpu_.host_reader()) { gpu_.wait_host(host_event_, stream_); }
+    last_backup_ = gpu_.backup(stream_);
   }
 
   /// After a final backup: every committed row of every live request reads back exactly
   /// from the GPU's host store.
   void check_host_store()
   {
-    gpu_.backup(stream_);
+    gpu_backup();
     ref_.backup();
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
     for (auto const& [id, len] : lengths_) {
@@ -623,6 +639,8 @@ class twin {
   std::map<std::uint64_t, std::int32_t> lengths_, focus_;
   std::vector<std::uint64_t> batch_;
   std::vector<std::int32_t> queries_;
+  cudaEvent_t host_event_  = nullptr;
+  cudaEvent_t last_backup_ = nullptr;
 };
 
 }  // namespace dhisparse::test

@@ -115,11 +115,21 @@ class page_table {
    */
   void adopt(int request, std::vector<std::int32_t> const& pages, staging_uploader& uploader, cudaStream_t stream)
   {
+    DHISPARSE_EXPECTS(lists_.at(request).empty(), name_ + ": adopt needs a request that holds no pages");
+    extend(request, pages, uploader, stream);
+  }
+
+  /**
+   * Appends the free pages `pages` to the list of `request` (all or nothing); the device
+   * table update is ordered on `stream`. A store shared by several hierarchies hands every
+   * rank's table the pages its one allocator chose (shared_host_store.cuh).
+   */
+  void extend(int request, std::vector<std::int32_t> const& pages, staging_uploader& uploader, cudaStream_t stream)
+  {
     auto& list = lists_.at(request);
-    DHISPARSE_EXPECTS(list.empty(), name_ + ": adopt needs a request that holds no pages");
-    DHISPARSE_EXPECTS(pages.size() <= std::size_t(max_pages_per_request_),
-                      name_ + ": " + std::to_string(pages.size()) + " pages adopted, max_context needs at most " +
-                        std::to_string(max_pages_per_request_));
+    DHISPARSE_EXPECTS(list.size() + pages.size() <= std::size_t(max_pages_per_request_),
+                      name_ + ": " + std::to_string(list.size() + pages.size()) +
+                        " pages adopted, max_context needs at most " + std::to_string(max_pages_per_request_));
     unpark(0);  // pages whose release the device has passed are free (no waiting)
     std::size_t k = 0;
     for (; k < pages.size(); ++k) {  // marks them held; undone below when one is refused
@@ -134,10 +144,11 @@ class page_table {
       for (std::size_t i = 0; i < k; ++i) { held_[std::size_t(pages[i])] = 0; }
       throw_error(__FILE__, __LINE__, name_ + ": adopted page " + std::to_string(bad) + " (entry " + std::to_string(k) + ") " + why);
     }
-    list        = pages;
+    std::size_t const first = list.size();
+    list.insert(list.end(), pages.begin(), pages.end());
     free_count_ -= pages.size();
     if (free_.size() > 2 * held_.size()) { compact_free(); }
-    upload_tail(request, 0, uploader, stream);
+    upload_tail(request, first, uploader, stream);
   }
 
   /**
@@ -154,9 +165,7 @@ class page_table {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) {
-      free_.insert(free_.end(), list.rbegin(), list.rend());
-      for (std::int32_t page : list) { held_[std::size_t(page)] = 0; }
-      free_count_ += list.size();
+      free_now(list);
     } else {
       for (std::int32_t page : list) { held_[std::size_t(page)] = 2; }
       cudaEvent_t event = nullptr;
@@ -169,7 +178,27 @@ class page_table {
     list.clear();
   }
 
+  /**
+   * Empties the list of `request` at once, its device row on `stream`: for tables whose
+   * pages another allocator hands out and parks (a rank's table of a shared host store).
+   */
+  void release_now(int request, cudaStream_t stream)
+  {
+    auto& list = lists_.at(request);
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(device_.data() + std::size_t(request) * max_pages_per_request_, 0xFF,
+                                       std::size_t(max_pages_per_request_) * sizeof(std::int32_t), stream));
+    free_now(list);
+    list.clear();
+  }
+
  private:
+  void free_now(std::vector<std::int32_t> const& list)
+  {
+    free_.insert(free_.end(), list.rbegin(), list.rend());
+    for (std::int32_t page : list) { held_[std::size_t(page)] = 0; }
+    free_count_ += list.size();
+  }
+
   struct event_destroy {
     void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
   };

@@ -28,13 +28,15 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void back_up_row(backup_params const& p, 
   if (r < 0 || pos < 0) { return; }
   std::byte* dst = p.host.group_row(r, pos, layout);
   if (dst == nullptr) { return; }
-  auto const* src = reinterpret_cast<int4 const*>(pool.slab + std::size_t(slot) * pool.group_row_bytes);
-  warp_copy(reinterpret_cast<int4*>(dst), src, int(pool.group_row_bytes / 16), lane);
-  __threadfence_system();  // the host copy is complete before the row is marked clean
-  __syncwarp();
+  if (p.copy_rows) {
+    auto const* src = reinterpret_cast<int4 const*>(pool.slab + std::size_t(slot) * pool.group_row_bytes);
+    warp_copy(reinterpret_cast<int4*>(dst), src, int(pool.group_row_bytes / 16), lane);
+    __threadfence_system();  // the host copy is complete before the row is marked clean
+    __syncwarp();
+  }
   if (lane == 0) {
     pool.dirty[slot] = 0;
-    atomicAdd(&pool.counters->backed_up_rows, 1ull);
+    if (p.copy_rows) { atomicAdd(&pool.counters->backed_up_rows, 1ull); }
   }
 }
 
