@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Probe: where a reclaim spends its time, phase by phase.
+
+Copies include/ and bench/ of a source tree to OUT_DIR, adds `%globaltimer` marks at the
+phase boundaries of the reclaim kernel (detail/reclaim/kernels.cuh: sample, candidates,
+targets, key passes, tie setup, tie passes, release) and a print of them after each timed
+reclaim of bench/resolve, and builds `OUT_DIR/bench_resolve_phases` (sm_90). Run it on the
+GPU like bench_resolve (e.g. `--batches 128`): each timed reclaim prints
+`trace us: 1:<sample end> 2:<candidates end> … 8:<release end> | want … in_bound … ties …`,
+microseconds from the kernel's start as block 0 sees them. The marks are not in the
+library: this script fails loudly when the code it patches has moved.
+
+Usage: scripts/probes/reclaim_phases.py [SOURCE_TREE] [OUT_DIR]
+"""
+import os, shutil, subprocess, sys
+
+src = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), '..', '..'))
+out = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else '/tmp/reclaim_phases')
+shutil.rmtree(out, ignore_errors=True)
+for d in ('include', 'bench'):
+    shutil.copytree(os.path.join(src, d), os.path.join(out, d))
+
+def patch(path, edits):
+    p = os.path.join(out, path)
+    s = open(p).read()
+    for old, new in edits:
+        if old not in s:
+            sys.exit(f'reclaim_phases: cannot find in {path}:\n{old}')
+        s = s.replace(old, new, 1)
+    open(p, 'w').write(s)
+
+patch('include/dhisparse/detail/reclaim/kernels.cuh', [
+    ('inline constexpr int block_size = 512;', '''inline constexpr int block_size = 512;
+__device__ unsigned long long reclaim_trace[32];
+#define RC_MARK(i) do { if (blockIdx.x == 0 && threadIdx.x == 0) { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); reclaim_trace[i] = t; } } while (0)
+#define RC_INFO(i, v) do { if (blockIdx.x == 0 && threadIdx.x == 0) { reclaim_trace[16 + (i)] = (unsigned long long)(v); } } while (0)'''),
+    ('  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);',
+     '  RC_MARK(0);\n  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);\n  RC_MARK(1);'),
+    ('  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);',
+     '  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);\n'
+     '  RC_MARK(2); RC_INFO(0, want); RC_INFO(1, *count); RC_INFO(2, n); RC_INFO(3, bound); RC_INFO(8, gridDim.x);'),
+    ('  // 3. Radix select per segment: key digits, then tie-break digits.',
+     '  RC_MARK(3); RC_INFO(4, key_bits); RC_INFO(5, tie_bits);\n  // 3. Radix select per segment: key digits, then tie-break digits.'),
+    ('    if (level == 0) {\n      // Threshold key found', '    RC_MARK(4 + level * 2);\n    if (level == 0) {\n      // Threshold key found'),
+    ('        if (tied) { s.ties[at] = slot; }\n      }\n      grid.sync();',
+     '        if (tied) { s.ties[at] = slot; }\n      }\n      grid.sync();\n      RC_MARK(5); RC_INFO(7, *ties);'),
+    ('  // 4. Release.\n  int released = 0;', '  RC_MARK(7);\n  // 4. Release.\n  int released = 0;'),
+    ('  // 5. Scratch back to zero for the next reclaim.', '  RC_MARK(8);\n  // 5. Scratch back to zero for the next reclaim.'),
+])
+patch('bench/resolve/resolve.cu', [
+    ('      if (c1.reclaimed_rows - c0.reclaimed_rows == std::uint64_t(release)) { ms.push_back(t); }',
+     '''      if (c1.reclaimed_rows - c0.reclaimed_rows == std::uint64_t(release)) { ms.push_back(t); }
+      unsigned long long tr[32];
+      DHISPARSE_CUDA_TRY(cudaMemcpyFromSymbol(tr, dhisparse::detail::reclaim::reclaim_trace, sizeof tr));
+      std::printf("trace us:");
+      for (int k = 1; k <= 8; ++k) { std::printf(" %d:%.1f", k, tr[k] >= tr[0] && tr[k] < tr[0] + 10000000 ? (tr[k] - tr[0]) / 1e3 : -1.0); }
+      std::printf(" | want %llu in_bound %llu n %llu bound %llu key_bits %llu tie_bits %llu ties %llu grid %llu\\n",
+                  tr[16], tr[17], tr[18], tr[19], tr[20], tr[21], tr[23], tr[24]);
+      std::memset(tr, 0, sizeof tr);
+      DHISPARSE_CUDA_TRY(cudaMemcpyToSymbol(dhisparse::detail::reclaim::reclaim_trace, tr, sizeof tr));'''),
+])
+nvcc = os.environ.get('NVCC', '/usr/local/cuda/bin/nvcc')
+obj, exe = os.path.join(out, 'resolve.o'), os.path.join(out, 'bench_resolve_phases')
+subprocess.check_call([nvcc, '-I' + os.path.join(out, 'include'), '-I' + os.path.join(out, 'bench'), '-O3', '-DNDEBUG',
+                       '--generate-code=arch=compute_90,code=[compute_90,sm_90]', '--expt-relaxed-constexpr',
+                       '-std=c++17', '-x', 'cu', '-c', os.path.join(out, 'bench/resolve/resolve.cu'), '-o', obj])
+subprocess.check_call(['g++', obj, '-o', exe, '-lcudadevrt', '-lcudart_static', '-lrt', '-lpthread', '-ldl',
+                       '-L/usr/local/cuda/targets/x86_64-linux/lib'])
+print(exe)
