@@ -144,6 +144,9 @@ struct options {
   int drafts          = 7;          ///< chain length d of adaptive+spec (Q = 1 + d)
   std::vector<double> survival;     ///< per-draft survival; empty: DSpark-like profile
   std::string draft_dist = "one_hot";  ///< one_hot (deterministic draft) or candidates (DFlash2-like)
+  std::string spec_length = "controller";  ///< adaptive+spec: controller (speculation_controller picks d_b per
+                                           ///< request and step) or fixed (every request verifies `drafts`)
+  int calibration_steps = 2;        ///< controller: timed replays per step shape for its cost model
   std::string fetch   = "auto";     ///< auto, fused, split, layered
   bool indexer        = true;       ///< run the indexer stand-in (scores + top-K pass)
   int hisparse_buffer = 4096;       ///< fixed; static_budget<4096> is compiled in
@@ -175,7 +178,7 @@ struct options {
       "          [--latency-bound-ms MS] [--dense-mb MB] [--lm-head-mb MB] [--draft-mb MB]\n"
       "          [--vocab V] [--drafts D] [--survival s1,s2,...] [--alpha A] [--draft-dist one_hot|candidates]\n"
       "          [--fetch auto|fused|split|layered] [--no-indexer] [--templates R] [--trace FILE] [--seed S]\n"
-      "          [--union-steps N]\n"
+      "          [--union-steps N] [--spec-length controller|fixed] [--calibration-steps N]\n"
       "modes: resident, hisparse, adaptive, adaptive+spec\n",
       argv0);
   }
@@ -254,6 +257,10 @@ struct options {
         DHISPARSE_EXPECTS(alpha > 0.0 && alpha <= 1.0, "--alpha must be in (0, 1]");
       } else if (a == "--draft-dist") {
         o.draft_dist = value();
+      } else if (a == "--spec-length") {
+        o.spec_length = value();
+      } else if (a == "--calibration-steps") {
+        o.calibration_steps = std::max(1, std::atoi(value().c_str()));
       } else if (a == "--fetch") {
         o.fetch = value();
       } else if (a == "--no-indexer") {
@@ -295,6 +302,8 @@ struct options {
     }
     DHISPARSE_EXPECTS(o.draft_dist == "one_hot" || o.draft_dist == "candidates",
                       "--draft-dist must be one_hot or candidates");
+    DHISPARSE_EXPECTS(o.spec_length == "controller" || o.spec_length == "fixed",
+                      "--spec-length must be controller or fixed");
     DHISPARSE_EXPECTS(o.fetch == "auto" || o.fetch == "fused" || o.fetch == "split" || o.fetch == "layered",
                       "--fetch must be auto, fused, split or layered");
     return o;

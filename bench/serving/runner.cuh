@@ -7,6 +7,7 @@
  * are timed apart):
  * ```
  * graph "layers"                                   (scaled by layers_full / layers_sim)
+ *   set_drafts (spec)        each request's d_b from device memory
  *   backup                   side stream, joined before the first resolve (not resident)
  *   for each group g:
  *     gather selections      templates → [B][Q][K] by each request's committed length
@@ -25,6 +26,14 @@
  *   commit(kept or all)
  *   token accounting (+ output hashes in --check)
  * ```
+ * Under the speculation controller (adaptive+spec, `--spec-length controller`) the two
+ * graphs are captured once per step shape k = 0 … d (Q = 1 + k queries per request in
+ * attention and the dense stand-ins: the longest chain of the step), each shape's cost is
+ * measured before the timed steps, and before every timed step the host picks the chain
+ * length with `speculation_controller::choose_shape` from the acceptance verify reported
+ * two steps earlier and the shape costs (rescaled by the measured time of that step, so
+ * they follow the load), uploads the d_b and replays that shape. The host never waits for
+ * the step it launched last.
  */
 #pragma once
 
@@ -40,6 +49,7 @@
 #include <dhisparse/policy/resident_budget.cuh>
 #include <dhisparse/policy/static_budget.cuh>
 #include <dhisparse/sparse_attention.cuh>
+#include <dhisparse/speculation_controller.hpp>
 #include <dhisparse/verify.cuh>
 
 DHISPARSE_SPARSE_ATTENTION_EXTERN(dhisparse::row_format::mla_fp8_656);
@@ -49,6 +59,8 @@ DHISPARSE_VERIFY_EXTERN();
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -272,6 +284,15 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
 
   std::unique_ptr<draft_ring> ring;
   verify_params v{};
+  int const D           = Q - 1;  // drafts of the longest chain
+  bool const controlled = rc.spec && opt.spec_length == "controller" && !su.check;
+  device_array<std::int32_t> num_drafts;  // [C] d_b of the coming step (controller)
+  if (controlled) {
+    num_drafts = device_array<std::int32_t>(std::size_t(C));
+    std::vector<std::int32_t> const all(std::size_t(C), D);
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(num_drafts.data(), all.data(), num_drafts.bytes(), cudaMemcpyHostToDevice, s));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+  }
   if (rc.spec) {
     ring = std::make_unique<draft_ring>(C, 256, 1, 256);
     v.rule         = verify_rule::sampling;
@@ -292,11 +313,11 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     v.emitted         = db.emitted.data();
     v.next_token      = db.next_token.data();
     v.status          = db.verify_status.data();
+    v.num_drafts      = controlled ? num_drafts.data() : nullptr;
     DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(v));
     DHISPARSE_EXPECTS(Q - 1 == db.drafts, "speculative run: queries must be 1 + drafts");
   }
 
-  int const M = C * Q;  // tokens through the dense stand-ins
   auto* x     = db.act_x.data();
   auto* y     = db.act_y.data();
   std::size_t const dense_elems = std::size_t(db.n_dense) * dense_hidden;
@@ -318,12 +339,16 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(union_counts.data(), 0, union_counts.bytes(), s));
   }
 
-  // The per-layer part of a step. `serial`: everything on the main stream (phase timing).
-  // `probe`: the union probe before each resolve (never in a timed or captured step).
-  auto layers_part = [&](detail::phase_timer* pt, bool serial, bool probe = false) {
+  // The per-layer part of a step whose longest chain has `k` drafts (queries 1 + k in
+  // attention and the dense stand-in). `serial`: everything on the main stream (phase
+  // timing). `probe`: the union probe before each resolve (never in a timed or captured step).
+  auto layers_part = [&](detail::phase_timer* pt, bool serial, bool probe, int k) {
     auto mark = [&](char const* label) {
       if (pt != nullptr) { pt->mark(label); }
     };
+    int const M    = C * (1 + k);  // tokens through the dense stand-in
+    ap.num_queries = 1 + k;        // strides stay those of Q queries
+    if (controlled) { h.set_drafts(num_drafts.data(), nullptr, s); }
     bool backup_forked = false;
     if constexpr (!resident) {
       if (serial) {
@@ -401,8 +426,10 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
   };
 
   // The once-per-step part.
-  auto step_part = [&](detail::phase_timer* pt) {
-    if (rc.spec) { db.gemm.run(db.draft_w.data(), db.n_draft, dense_hidden, x, M, y, s); }
+  auto step_part = [&](detail::phase_timer* pt, int k) {
+    int const M = C * (1 + k);
+    // The drafter proposes this step's chains (none in a step without drafts).
+    if (rc.spec && k > 0) { db.gemm.run(db.draft_w.data(), db.n_draft, dense_hidden, x, M, y, s); }
     db.gemm.run(db.lm_w.data(), db.n_lm, dense_hidden, x, M, y, s);
     if (pt != nullptr) { pt->mark("lm-head+drafter"); }
     if (rc.spec) {
@@ -429,19 +456,23 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
   };
 
   // ---- one eager step (lazy initialisation of cuBLAS and the kernels), then capture -----
-  layers_part(nullptr, false);
-  step_part(nullptr);
+  layers_part(nullptr, false, false, D);
+  step_part(nullptr, D);
   DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
   res.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_setup).count();
 
-  detail::graph g_layers, g_step;
-  g_layers.capture(s, [&] { layers_part(nullptr, false); });
-  g_step.capture(s, [&] { step_part(nullptr); });
-
-  for (int i = 0; i < opt.warmup; ++i) {
-    g_layers.launch(s);
-    g_step.launch(s);
+  // Step shapes: k = 0 … D under the controller (the longest chain of the step), else D.
+  int const first_shape = controlled ? 0 : D;
+  std::vector<detail::graph> g_layers(std::size_t(D + 1)), g_step(std::size_t(D + 1));
+  for (int k = first_shape; k <= D; ++k) {
+    g_layers[std::size_t(k)].capture(s, [&] { layers_part(nullptr, false, false, k); });
+    g_step[std::size_t(k)].capture(s, [&] { step_part(nullptr, k); });
   }
+  auto replay = [&](int k) {
+    g_layers[std::size_t(k)].launch(s);
+    g_step[std::size_t(k)].launch(s);
+  };
+  for (int i = 0; i < opt.warmup; ++i) { replay(D); }
 
   struct snapshot {
     std::vector<group_counters> counters;
@@ -457,19 +488,104 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
     return sn;
   };
+  double const scale = double(su.sc.layers_full) / double(su.sc.layers_sim);
+  auto set_all_drafts = [&](int k) {
+    std::vector<std::int32_t> const all(std::size_t(C), k);
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(num_drafts.data(), all.data(), num_drafts.bytes(), cudaMemcpyHostToDevice, s));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
+  };
+
+  // ---- the controller's step costs: every shape timed with every request at k drafts ----
+  speculation_settings spec_settings;
+  spec_settings.max_drafts = D;
+  std::vector<double> shape_cost;  // full-model ms per step shape, followed during the run
+  if (controlled) {
+    detail::event t0(cudaEventDefault), t1(cudaEventDefault), t2(cudaEventDefault);
+    res.shape_ms.assign(std::size_t(D + 1), 0.0);
+    for (int k = 0; k <= D; ++k) {
+      set_all_drafts(k);
+      replay(k);  // untimed: the shape's first replay
+      for (int i = 0; i < opt.calibration_steps; ++i) {
+        DHISPARSE_CUDA_TRY(cudaEventRecord(t0.e, s));
+        g_layers[std::size_t(k)].launch(s);
+        DHISPARSE_CUDA_TRY(cudaEventRecord(t1.e, s));
+        g_step[std::size_t(k)].launch(s);
+        DHISPARSE_CUDA_TRY(cudaEventRecord(t2.e, s));
+        DHISPARSE_CUDA_TRY(cudaEventSynchronize(t2.e));
+        float a = 0.f, b = 0.f;
+        DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&a, t0.e, t1.e));
+        DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&b, t1.e, t2.e));
+        res.shape_ms[std::size_t(k)] += (double(a) * scale + double(b)) / opt.calibration_steps;
+      }
+    }
+    shape_cost     = res.shape_ms;
+    res.controlled = true;
+    res.shape_steps.assign(std::size_t(D + 1), 0);
+  }
+  speculation_controller controller(C, spec_settings);
+
   snapshot const before = take();
+
+  // Host side of the controller: d_b chosen for step i from what verify accepted up to step
+  // i − 2 (triple-buffered pinned copies), so the host never waits for the step it launched last.
+  int const lag = 3;
+  std::vector<dhisparse::detail::pinned_array<std::int32_t>> chosen, accepted_host;
+  std::vector<std::unique_ptr<detail::event>> accepted_ready;
+  std::vector<std::int32_t> entries(static_cast<std::size_t>(C));
+  std::iota(entries.begin(), entries.end(), 0);  // batch entry b = request index b
+  if (controlled) {
+    for (int j = 0; j < lag; ++j) {
+      chosen.emplace_back(std::size_t(C));
+      accepted_host.emplace_back(std::size_t(C));
+      accepted_ready.push_back(std::make_unique<detail::event>());
+    }
+  }
+  long long drafts_chosen = 0;
 
   std::vector<cudaEvent_t> ev(std::size_t(opt.steps) * 3);
   for (auto& e : ev) { DHISPARSE_CUDA_TRY(cudaEventCreate(&e)); }
+  auto step_full_ms = [&](int i) {  // a finished timed step, full model
+    float a = 0.f, b = 0.f;
+    DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&a, ev[3 * std::size_t(i)], ev[3 * std::size_t(i) + 1]));
+    DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&b, ev[3 * std::size_t(i) + 1], ev[3 * std::size_t(i) + 2]));
+    return double(a) * scale + double(b);
+  };
+  std::vector<int> shape_of(std::size_t(opt.steps), D);
   for (int i = 0; i < opt.steps; ++i) {
+    int k = D;
     DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3 * std::size_t(i)], s));
-    g_layers.launch(s);
+    if (controlled) {
+      if (i >= lag - 1) {  // step i − 2 is done: its acceptance, and its time rescales the costs
+        int const done = i - (lag - 1);
+        int const j    = done % lag;
+        DHISPARSE_CUDA_TRY(cudaEventSynchronize(accepted_ready[std::size_t(j)]->e));
+        for (int b = 0; b < C; ++b) {
+          controller.observe(b, chosen[std::size_t(j)].data()[b], accepted_host[std::size_t(j)].data()[b]);
+        }
+        double const ratio = step_full_ms(done) / shape_cost[std::size_t(shape_of[std::size_t(done)])];
+        for (auto& c : shape_cost) { c *= 0.75 + 0.25 * ratio; }
+      }
+      std::int32_t* nd = chosen[std::size_t(i % lag)].data();
+      controller.choose_shape(entries.data(), C, shape_cost.data(), D + 1, speculation_load{}, nd);
+      k = *std::max_element(nd, nd + C);
+      shape_of[std::size_t(i)] = k;
+      for (int b = 0; b < C; ++b) { drafts_chosen += nd[b]; }
+      ++res.shape_steps[std::size_t(k)];
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(num_drafts.data(), nd, num_drafts.bytes(), cudaMemcpyHostToDevice, s));
+    }
+    g_layers[std::size_t(k)].launch(s);
     DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3 * std::size_t(i) + 1], s));
-    g_step.launch(s);
+    g_step[std::size_t(k)].launch(s);
     DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3 * std::size_t(i) + 2], s));
+    if (controlled) {
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(accepted_host[std::size_t(i % lag)].data(), db.accepted.data(),
+                                         std::size_t(C) * sizeof(std::int32_t), cudaMemcpyDeviceToHost, s));
+      DHISPARSE_CUDA_TRY(cudaEventRecord(accepted_ready[std::size_t(i % lag)]->e, s));
+    }
   }
   DHISPARSE_CUDA_TRY(cudaStreamSynchronize(s));
   snapshot const after = take();
+  if (controlled) { res.shape_ms_end = shape_cost; }
   for (int i = 0; i < opt.steps; ++i) {
     float a = 0.f, b = 0.f;
     DHISPARSE_CUDA_TRY(cudaEventElapsedTime(&a, ev[3 * std::size_t(i)], ev[3 * std::size_t(i) + 1]));
@@ -478,13 +594,17 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     res.step_ms.push_back(double(b));
   }
   for (auto e : ev) { cudaEventDestroy(e); }
+  if (controlled) {
+    res.mean_drafts = double(drafts_chosen) / (double(opt.steps) * C);
+    set_all_drafts(D);  // the eager steps below run the longest chains
+  }
 
   // ---- eager, serialized steps with events between phases -------------------------------
   if (opt.phase_steps > 0) {
     detail::phase_timer pt(s);
     for (int i = 0; i < opt.phase_steps; ++i) {
-      layers_part(&pt, true);
-      step_part(&pt);
+      layers_part(&pt, true, false, D);
+      step_part(&pt, D);
     }
     for (auto& [label, ms] : pt.ms()) { res.phases.emplace_back(label, ms / opt.phase_steps); }
   }
@@ -522,8 +642,8 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
     group_counters before_probe[8], after_probe[8];
     for (int g = 0; g < G; ++g) { h.read_counters(g, &before_probe[g], s); }
     for (int i = 0; i < opt.union_steps; ++i) {
-      layers_part(nullptr, true, true);
-      step_part(nullptr);
+      layers_part(nullptr, true, true, D);
+      step_part(nullptr, D);
     }
     for (int g = 0; g < G; ++g) { h.read_counters(g, &after_probe[g], s); }
     unsigned long long counts[2] = {0, 0};

@@ -123,6 +123,14 @@ struct run_result {
   /// counter over the same steps (equal to the first).
   int union_steps = 0;
   unsigned long long union_fetched = 0, per_query_missed = 0, union_resolve_fetched = 0;
+  /// adaptive+spec under the speculation controller (docs/serving.md): the measured cost of
+  /// a step whose longest chain has k drafts (before the timed steps, and as the controller
+  /// had rescaled it by the last timed steps) and what it chose over the timed steps.
+  bool controlled = false;
+  std::vector<double> shape_ms;      ///< [d + 1] full-model ms per step, longest chain k drafts
+  std::vector<double> shape_ms_end;  ///< [d + 1] the same after the timed steps' rescaling
+  double mean_drafts = 0.0;          ///< drafts per request and timed step
+  std::vector<int> shape_steps;     ///< [d + 1] timed steps whose longest chain had k drafts
   std::vector<std::pair<std::string, double>> phases;  ///< ms per step, eager and serialized
   std::vector<unsigned long long> hashes;              ///< check: per step, all layers' outputs
   std::vector<int> all_step_tokens;                    ///< check: tokens of every step

@@ -363,6 +363,23 @@ void print_row(scenario_setup const& su, run_result const& r, metrics const& m)
   std::fflush(stdout);
 }
 
+/// The speculation controller's model and choices of a run.
+std::string controller_text(run_result const& r)
+{
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(2);
+  os << "controller: step ms (full model) by longest chain k = 0.." << r.shape_ms.size() - 1 << ":";
+  for (double ms : r.shape_ms) { os << " " << ms; }
+  os << " (after the timed steps:";
+  for (double ms : r.shape_ms_end) { os << " " << ms; }
+  os << "); chose " << r.mean_drafts << " drafts per request; steps by k:";
+  for (std::size_t k = 0; k < r.shape_steps.size(); ++k) {
+    if (r.shape_steps[k] > 0) { os << " " << k << ":" << r.shape_steps[k]; }
+  }
+  return os.str();
+}
+
 std::string phases_text(run_result const& r)
 {
   std::ostringstream os;
@@ -419,7 +436,10 @@ scenario_outcome run_scenario(options const& o, std::string const& name, device_
   su.index_heads   = sc.index_heads;
   su.index_stride  = sc.index_stride;
   su.salt          = o.seed;
-  su.hash_capacity = 1 + o.warmup + o.steps + o.phase_steps;
+  // Every step a run takes: eager, warm-up, the controller's calibration (one untimed and
+  // `calibration_steps` timed replays per shape), timed, phase and union-probe steps.
+  int const calibration = any_spec && o.spec_length == "controller" ? (1 + o.drafts) * (1 + o.calibration_steps) : 0;
+  su.hash_capacity = 1 + o.warmup + calibration + o.steps + o.phase_steps + (any_spec ? o.union_steps : 0);
   su.tokens_per_request = std::int64_t(su.hash_capacity) * su.qmax + su.qmax;
   su.page_bytes = std::size_t(tokens_per_page) * sc.layers_sim * row_bytes;
 
@@ -521,7 +541,8 @@ scenario_outcome run_scenario(options const& o, std::string const& name, device_
     "requests (%.1f GiB of slabs for the simulated layers) - each mode admits what it would in the full model. "
     "Rows stored as FP8-656 (model row %d B). Heads %d; indexer stand-in %s (%d heads x 128 int8 dims, one "
     "128-B key per %d position(s), per group). Dense stand-in %.0f MB/layer (bf16 "
-    "cuBLAS GEMM over B*Q tokens), LM head %.0f MB/step, drafter %.0f MB/step. Drafts %d (%s q), survival %s. "
+    "cuBLAS GEMM over B*Q tokens), LM head %.0f MB/step, drafter %.0f MB/step. Drafts %d (%s q), survival %s, "
+    "speculation length %s. "
     "Fetch %s. Latency bound %.1f ms per token (full model). Workload: %s.",
     sc.model.c_str(), sc.layers_sim, sc.layers_full, su.groups, sc.group_layers, scale,
     static_cast<long long>(su.pool_slots), sc.pool_fraction, pool_ref, gib(slab_bytes), sc.row_bytes_model, sc.heads,
@@ -532,6 +553,8 @@ scenario_outcome run_scenario(options const& o, std::string const& name, device_
       return os.str();
     }()
       .c_str(),
+    o.spec_length == "controller" ? "chosen per request and step by speculation_controller (cost fitted per run)"
+                                  : "fixed",
     su.fetch == fetch_kind::fused ? "fused (resolve_and_retrieve)"
     : su.fetch == fetch_kind::split ? "split (resolve, retrieve)"
                                     : "layered (layer 0 first, the rest on a side stream)",
@@ -566,6 +589,7 @@ scenario_outcome run_scenario(options const& o, std::string const& name, device_
       }
       out.m.push_back(compute(su, r));
       print_row(su, r, out.m.back());
+      if (r.controlled) { std::printf("     %s\n", controller_text(r).c_str()); }
       out.results.push_back(std::move(r));
     }
   }
@@ -850,6 +874,14 @@ int run(int argc, char** argv)
         js.field("union_saving",
                  r.per_query_missed > 0 ? 1.0 - double(r.union_fetched) / double(r.per_query_missed) : 0.0);
         js.field("union_resolve_fetched_rows", double(r.union_resolve_fetched));
+      }
+      if (r.controlled) {
+        js.field("controller_mean_drafts", r.mean_drafts);
+        for (std::size_t k = 0; k < r.shape_ms.size(); ++k) {
+          js.field("controller_shape_ms_" + std::to_string(k), r.shape_ms[k]);
+          js.field("controller_shape_ms_end_" + std::to_string(k), r.shape_ms_end[k]);
+          js.field("controller_steps_" + std::to_string(k), double(r.shape_steps[k]));
+        }
       }
       js.field("tokens", double(r.tokens));
       js.field("steps", double(r.layers_ms.size()));

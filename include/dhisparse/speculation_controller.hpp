@@ -23,6 +23,14 @@
  * decreasing in k, so the best allocation of D drafts takes the D largest increments over
  * all requests; the best D is found by trying each (exact for this model; a test checks it
  * against brute force).
+ *
+ * Engines that replay one captured step per shape pad every request to the step's longest
+ * chain: a step whose longest chain has k drafts costs `shape_cost[k]` whatever the other
+ * requests draft, so the linear model above overstates what a short chain saves.
+ * `choose_shape` takes the measured cost of each shape instead and picks one k for the step
+ * (every request gets min(k, its limit) drafts: once the shape is paid for, more drafts add
+ * tokens for free), maximizing Σ_b E_b(min(k, limit_b)) / cost(k); pool pressure scales the
+ * drafts' share of the cost, shape_cost[k] − shape_cost[0], as it scales a draft query.
  */
 #pragma once
 
@@ -163,6 +171,46 @@ class speculation_controller {
     }
     for (std::size_t j = 0; j < take; ++j) { ++num_drafts[increments[j].second]; }
     return best;
+  }
+
+  /**
+   * @brief The drafts of each request of the coming step when the step's cost is that of its
+   *        longest chain (see the file comment): `num_drafts[i] = min(k, limit[i])` for the
+   *        k < `shapes` that maximizes expected tokens per unit of step time.
+   * @param shape_cost `[shapes]` cost of a step whose longest chain has k drafts (positive;
+   *        measured by the engine, e.g. each captured graph's replay time)
+   * @param shapes k = 0 … shapes − 1 (at most max_drafts + 1 are used)
+   * @param limit optional per-request upper bounds (nullptr: `max_drafts` for all)
+   * @return the expected tokens per unit of time of the choice
+   */
+  double choose_shape(std::int32_t const* requests, int n, double const* shape_cost, int shapes,
+                      speculation_load const& load, std::int32_t* num_drafts, std::int32_t const* limit = nullptr) const
+  {
+    DHISPARSE_EXPECTS(n >= 0 && (n == 0 || (requests != nullptr && num_drafts != nullptr)),
+                      "speculation_controller::choose_shape: requests and num_drafts must not be null");
+    DHISPARSE_EXPECTS(shape_cost != nullptr && shapes >= 1,
+                      "speculation_controller::choose_shape: shape_cost must hold at least one shape");
+    for (int k = 0; k < shapes; ++k) {
+      DHISPARSE_EXPECTS(shape_cost[k] > 0.0, "speculation_controller::choose_shape: shape costs must be positive");
+    }
+    int const top = std::min(shapes - 1, s_.max_drafts);
+    // Pressure: the drafts' share of the cost grows as in draft_cost.
+    double const pressure = draft_cost(load) / (s_.cost.per_query + s_.cost.per_fetched_row * load.fetched_rows_per_query);
+    auto cap_of = [&](int i) { return std::min(s_.max_drafts, limit != nullptr ? std::max(0, limit[i]) : s_.max_drafts); };
+    double best = -1.0;
+    int best_k  = 0;
+    for (int k = 0; k <= top; ++k) {
+      double tokens = 0.0;
+      for (int i = 0; i < n; ++i) { tokens += expected_tokens(requests[i], std::min(k, cap_of(i))); }
+      double const cost = shape_cost[0] + std::max(0.0, shape_cost[k] - shape_cost[0]) * pressure;
+      double const rate = tokens / cost;
+      if (rate > best) {
+        best   = rate;
+        best_k = k;
+      }
+    }
+    for (int i = 0; i < n; ++i) { num_drafts[i] = std::min(best_k, cap_of(i)); }
+    return n > 0 ? best : 0.0;
   }
 
   [[nodiscard]] speculation_settings const& settings() const noexcept { return s_; }

@@ -137,6 +137,87 @@ TEST_CASE("speculation controller: good drafters, cheap steps and free pools get
   REQUIRE(d[2] == 0);
 }
 
+TEST_CASE("speculation controller: with per-shape step costs one chain length is chosen, the best by brute force",
+          "[speculative][controller]")
+{
+  auto g = test::seeded_engine("controller shapes");
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    speculation_settings s;
+    s.max_drafts = 5;
+    int const n  = 1 + int(g() % 4);
+    speculation_controller c(n, s);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < 20; ++k) { c.observe(r, 5, accepted_of(g, u(g), 5)); }
+    }
+    int const shapes = 1 + int(g() % 7);  // may exceed max_drafts + 1: the extra shapes are not used
+    std::vector<double> cost(static_cast<std::size_t>(shapes));
+    double t = 1.0 + u(g) * 20.0;
+    for (auto& x : cost) { x = t += u(g) * 10.0; }  // longer chains cost more
+    std::vector<std::int32_t> requests(static_cast<std::size_t>(n)), limit(static_cast<std::size_t>(n)),
+      chosen(static_cast<std::size_t>(n));
+    std::iota(requests.begin(), requests.end(), 0);
+    for (auto& l : limit) { l = std::int32_t(g() % 7); }
+    speculation_load const calm{0.0, 0.0};
+    double const rate = c.choose_shape(requests.data(), n, cost.data(), shapes, calm, chosen.data(), limit.data());
+    double best = 0.0;
+    int best_k  = 0;
+    for (int k = 0; k < std::min(shapes, s.max_drafts + 1); ++k) {
+      double tokens = 0.0;
+      for (int r = 0; r < n; ++r) { tokens += c.expected_tokens(r, std::min({k, int(limit[std::size_t(r)]), 5})); }
+      if (tokens / cost[std::size_t(k)] > best) {
+        best   = tokens / cost[std::size_t(k)];
+        best_k = k;
+      }
+    }
+    INFO("trial " << trial);
+    REQUIRE(rate == Approx(best).epsilon(1e-12));
+    for (int r = 0; r < n; ++r) {
+      REQUIRE(chosen[std::size_t(r)] == std::min({best_k, int(limit[std::size_t(r)]), 5}));
+    }
+  }
+}
+
+TEST_CASE("speculation controller: per-shape costs — expensive drafts, pressure and poor drafters shorten the chain",
+          "[speculative][controller]")
+{
+  speculation_settings s;
+  s.max_drafts = 7;
+  s.memory     = 1.0;
+  speculation_controller c(2, s);
+  for (int k = 0; k < 200; ++k) {  // acceptance 0.96 for both
+    c.observe(0, 5, k % 5 == 0 ? 4 : 5);
+    c.observe(1, 5, k % 5 == 0 ? 4 : 5);
+  }
+  std::vector<std::int32_t> const requests = {0, 1};
+  std::vector<std::int32_t> d(2);
+  std::vector<double> cheap(8), steep(8);
+  for (int k = 0; k < 8; ++k) {
+    cheap[std::size_t(k)] = 10.0 + 2.0 * k;   // a draft adds 20% of a step
+    steep[std::size_t(k)] = 10.0 + 20.0 * k;  // a draft triples the step: never worth it
+  }
+  c.choose_shape(requests.data(), 2, cheap.data(), 8, speculation_load{}, d.data());
+  REQUIRE(d[0] == d[1]);
+  int const calm = d[0];
+  REQUIRE(calm >= 4);
+  c.choose_shape(requests.data(), 2, steep.data(), 8, speculation_load{}, d.data());
+  REQUIRE(d[0] == 0);
+  REQUIRE(d[1] == 0);
+  c.choose_shape(requests.data(), 2, cheap.data(), 8, speculation_load{0.0, 0.99}, d.data());
+  REQUIRE(d[0] < calm);
+  speculation_controller poor(1, s);
+  for (int k = 0; k < 200; ++k) { poor.observe(0, 1, k % 4 == 0); }  // acceptance 0.25
+  std::int32_t const r0 = 0;
+  std::int32_t one      = -1;
+  poor.choose_shape(&r0, 1, cheap.data(), 8, speculation_load{}, &one);
+  REQUIRE(one < calm);
+  REQUIRE_THROWS_WITH(c.choose_shape(requests.data(), 2, nullptr, 8, speculation_load{}, d.data()),
+                      Catch::Contains("shape_cost"));
+  cheap[3] = 0.0;
+  REQUIRE_THROWS_WITH(c.choose_shape(requests.data(), 2, cheap.data(), 8, speculation_load{}, d.data()),
+                      Catch::Contains("positive"));
+}
+
 TEST_CASE("speculation controller: bad arguments are refused", "[speculative][controller]")
 {
   speculation_settings s;
