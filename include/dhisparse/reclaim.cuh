@@ -39,7 +39,7 @@ namespace dhisparse {
 struct reclaim_scratch_ref {
   std::int32_t* candidates;  ///< [num_slots] eligible slots of the current pass
   std::int32_t* ties;        ///< [num_slots] candidates at their segment's threshold key
-  std::uint32_t* hist;       ///< [2][segments][256] digit counts (zero between reclaims)
+  std::uint32_t* hist;       ///< [max(2 × segments, 3)][256] digit counts (zero between reclaims)
   std::int32_t* segment;     ///< [segments][6]: target, remaining, mode, eligible, ties, pad
   std::uint64_t* prefix;     ///< [segments][2]: key prefix, tie prefix
   std::uint64_t* scalars;    ///< [8]: candidates, key min, key max, tie min, tie max, …

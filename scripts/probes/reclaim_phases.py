@@ -2,11 +2,12 @@
 """Probe: where a reclaim spends its time, phase by phase.
 
 Copies include/ and bench/ of a source tree to OUT_DIR, adds `%globaltimer` marks at the
-phase boundaries of the reclaim kernel (detail/reclaim/kernels.cuh: sample, candidates,
-targets, key passes, tie setup, tie passes, release) and a print of them after each timed
-reclaim of bench/resolve, and builds `OUT_DIR/bench_resolve_phases` (sm_90). Run it on the
-GPU like bench_resolve (e.g. `--batches 128`): each timed reclaim prints
-`trace us: 1:<sample end> 2:<candidates end> … 8:<release end> | want … in_bound … ties …`,
+phase boundaries of the reclaim kernel's global-order path (detail/reclaim/kernels.cuh:
+1 sample, 2 candidates up to the bound, 3 the rest and the bounds, 4 the packed select, 5
+release, 6 the barrier after it) and a print of them after each timed reclaim of
+bench/resolve, and builds `OUT_DIR/bench_resolve_phases` (sm_90). Run it on the GPU like
+bench_resolve (e.g. `--batches 128`): each timed reclaim prints
+`trace us: 1:<sample end> … 6:<release barrier> | want … in_bound … n … key_bits … tie_bits …`,
 microseconds from the kernel's start as block 0 sees them. The marks are not in the
 library: this script fails loudly when the code it patches has moved.
 
@@ -36,16 +37,15 @@ __device__ unsigned long long reclaim_trace[32];
 #define RC_INFO(i, v) do { if (blockIdx.x == 0 && threadIdx.x == 0) { reclaim_trace[16 + (i)] = (unsigned long long)(v); } } while (0)'''),
     ('  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);',
      '  RC_MARK(0);\n  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);\n  RC_MARK(1);'),
+    ('  if (bound != ~0ull) {\n    grid.sync();', '  RC_MARK(2);\n  if (bound != ~0ull) {\n    grid.sync();'),
     ('  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);',
      '  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);\n'
-     '  RC_MARK(2); RC_INFO(0, want); RC_INFO(1, *count); RC_INFO(2, n); RC_INFO(3, bound); RC_INFO(8, gridDim.x);'),
-    ('  // 3. Radix select per segment: key digits, then tie-break digits.',
-     '  RC_MARK(3); RC_INFO(4, key_bits); RC_INFO(5, tie_bits);\n  // 3. Radix select per segment: key digits, then tie-break digits.'),
-    ('    if (level == 0) {\n      // Threshold key found', '    RC_MARK(4 + level * 2);\n    if (level == 0) {\n      // Threshold key found'),
-    ('        if (tied) { s.ties[at] = slot; }\n      }\n      grid.sync();',
-     '        if (tied) { s.ties[at] = slot; }\n      }\n      grid.sync();\n      RC_MARK(5); RC_INFO(7, *ties);'),
-    ('  // 4. Release.\n  int released = 0;', '  RC_MARK(7);\n  // 4. Release.\n  int released = 0;'),
-    ('  // 5. Scratch back to zero for the next reclaim.', '  RC_MARK(8);\n  // 5. Scratch back to zero for the next reclaim.'),
+     '  RC_MARK(3); RC_INFO(0, want); RC_INFO(1, *count); RC_INFO(2, n); RC_INFO(3, bound); RC_INFO(8, gridDim.x);'),
+    ('      std::uint64_t threshold = ~0ull;  // every candidate when t = n',
+     '      RC_INFO(4, packed_key_bits); RC_INFO(5, packed_tie_bits);\n      std::uint64_t threshold = ~0ull;  // every candidate when t = n'),
+    ('      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {',
+     '      RC_MARK(4);\n      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {'),
+    ('      grid.sync();\n      reset_scratch<Block>(p);\n      return;', '      RC_MARK(5);\n      grid.sync();\n      RC_MARK(6);\n      reset_scratch<Block>(p);\n      return;'),
 ])
 patch('bench/resolve/resolve.cu', [
     ('      if (c1.reclaimed_rows - c0.reclaimed_rows == std::uint64_t(release)) { ms.push_back(t); }',
@@ -53,9 +53,9 @@ patch('bench/resolve/resolve.cu', [
       unsigned long long tr[32];
       DHISPARSE_CUDA_TRY(cudaMemcpyFromSymbol(tr, dhisparse::detail::reclaim::reclaim_trace, sizeof tr));
       std::printf("trace us:");
-      for (int k = 1; k <= 8; ++k) { std::printf(" %d:%.1f", k, tr[k] >= tr[0] && tr[k] < tr[0] + 10000000 ? (tr[k] - tr[0]) / 1e3 : -1.0); }
-      std::printf(" | want %llu in_bound %llu n %llu bound %llu key_bits %llu tie_bits %llu ties %llu grid %llu\\n",
-                  tr[16], tr[17], tr[18], tr[19], tr[20], tr[21], tr[23], tr[24]);
+      for (int k = 1; k <= 6; ++k) { std::printf(" %d:%.1f", k, tr[k] >= tr[0] && tr[k] < tr[0] + 10000000 ? (tr[k] - tr[0]) / 1e3 : -1.0); }
+      std::printf(" | want %llu in_bound %llu n %llu bound %llu key_bits %llu tie_bits %llu grid %llu\\n",
+                  tr[16], tr[17], tr[18], tr[19], tr[20], tr[21], tr[24]);
       std::memset(tr, 0, sizeof tr);
       DHISPARSE_CUDA_TRY(cudaMemcpyToSymbol(dhisparse::detail::reclaim::reclaim_trace, tr, sizeof tr));'''),
 ])

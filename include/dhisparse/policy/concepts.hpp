@@ -157,6 +157,12 @@ struct is_eviction_policy<
 template <class P>
 inline constexpr bool is_eviction_policy_v = is_eviction_policy<P>::value;
 
+/// True when `P` keeps the default key (key = state, LRU and what derives from it without
+/// overriding `eviction_key`): the key is known from the state alone, so a pass over the
+/// pool may test it before loading positions (reclaim's candidate pass does).
+template <class P>
+inline constexpr bool key_is_state_v = &P::eviction_key == &policy::eviction_defaults::eviction_key;
+
 template <class P, class = void>
 struct has_sweep_hooks : std::false_type {};
 

@@ -12,7 +12,11 @@
  * 2. targets: one segment (global order) or one per request (fair share: water filling
  *    over owned − floor);
  * 3. per segment, a radix select of its target count: 8-bit digits of the key (only the
- *    bits where keys differ), then of the tie-break among the rows of the threshold key;
+ *    bits where keys differ), then of the tie-break among the rows of the threshold key.
+ *    Global order, when the bits where keys differ and those where tie-breaks differ fit
+ *    in 64: one select over (key, tie-break) packed into one word (left in `pool.keys`),
+ *    one grid barrier per digit — every block picks the digit itself from the grid's
+ *    histogram, kept in three rotating buffers so that none is cleared while read;
  * 4. release: unmap, free, push onto the free stack; scratch back to zero.
  */
 #pragma once
@@ -56,6 +60,12 @@ enum scalar_index : int {
 inline constexpr int sample_bins = 4096;
 inline constexpr int sample_per_thread = 4;
 
+/// Digit counts: [2][segments][256] (per-segment select), at least [3][256] (global order).
+DHISPARSE_HOST_DEVICE inline std::size_t hist_entries(std::int32_t segments)
+{
+  return std::size_t(segments * 2 > 3 ? segments * 2 : 3) * 256;
+}
+
 inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, reclaim_scratch_ref* out,
                                  void* memory)
 {
@@ -68,7 +78,7 @@ inline std::size_t scratch_bytes(std::int32_t num_slots, std::int32_t segments, 
   reclaim_scratch_ref s{};
   s.candidates = reinterpret_cast<std::int32_t*>(take(std::size_t(num_slots) * 4));
   s.ties       = reinterpret_cast<std::int32_t*>(take(std::size_t(num_slots) * 4));
-  s.hist       = reinterpret_cast<std::uint32_t*>(take(std::size_t(segments) * 2 * 256 * 4));
+  s.hist       = reinterpret_cast<std::uint32_t*>(take(hist_entries(segments) * 4));
   s.segment    = reinterpret_cast<std::int32_t*>(take(std::size_t(segments) * f_fields * 4));
   s.prefix     = reinterpret_cast<std::uint64_t*>(take(std::size_t(segments) * 2 * 8));
   s.scalars    = reinterpret_cast<std::uint64_t*>(take(s_scalars * 8));
@@ -263,10 +273,18 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   if (lo > hi) { return ~0ull; }  // no eligible row sampled: p.sample stays zero
   if (rank >= n) { return hi; }   // a sample too small to place the rank: its largest key
   int const shift = max(0, resolve::bit_width(hi - lo) - 12);
+  // Counted in shared memory first: LRU keys crowd into a few bins (rows touched in one
+  // step share one), which would queue every block's atomics on a few global words.
+  __shared__ unsigned local[sample_bins];
+  for (int i = threadIdx.x; i < sample_bins; i += Block) { local[i] = 0; }
+  __syncthreads();
 #pragma unroll
   for (int k = 0; k < sample_per_thread; ++k) {
-    // Warp-aggregated: LRU keys crowd into a few bins (rows touched in one step share one).
-    if (ok[k]) { aggregated_add(p.scratch.sample, unsigned((key[k] - lo) >> shift), 1u); }
+    if (ok[k]) { aggregated_add(local, unsigned((key[k] - lo) >> shift), 1u); }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < sample_bins; i += Block) {
+    if (local[i] != 0) { atomicAdd(p.scratch.sample + i, local[i]); }
   }
   grid.sync();
   // The first bin at which the sample's running count reaches `rank`.
@@ -278,7 +296,7 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   unsigned bins[per_thread], sum = 0;
 #pragma unroll
   for (int i = 0; i < per_thread; ++i) {
-    bins[i] = p.scratch.sample[threadIdx.x * per_thread + i];
+    bins[i] = __ldcg(p.scratch.sample + threadIdx.x * per_thread + i);
     sum += bins[i];
   }
   unsigned before = 0;
@@ -339,13 +357,19 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
     for (int k = 0; k < Items; ++k) {
       std::int64_t const at = tile + std::int64_t(k) * Block + threadIdx.x;
       slot[k]               = at < limit ? std::int32_t(at) : -1;
-      pos[k]                = slot[k] >= 0 ? pool.position[slot[k]] : -1;
+      // A key known from the state alone is tested first: most slots are then decided
+      // after 8 bytes, and only those in the key range load their position.
+      pos[k]                = slot[k] >= 0 && !key_is_state_v<Eviction> ? pool.position[slot[k]] : -1;
       state[k]              = slot[k] >= 0 ? pool.state[slot[k]] : policy_state{};
     }
 #pragma unroll
     for (int k = 0; k < Items; ++k) {
       std::uint64_t const key = Eviction::eviction_key(state[k], pos[k]);
-      bool const ok = pos[k] >= 0 && key <= key_hi && (!above || key > key_lo) && eligible(pool, slot[k], p.pin_epoch);
+      bool in_range           = slot[k] >= 0 && key <= key_hi && (!above || key > key_lo);
+      if constexpr (key_is_state_v<Eviction>) {
+        if (in_range) { pos[k] = pool.position[slot[k]]; }
+      }
+      bool const ok = in_range && pos[k] >= 0 && eligible(pool, slot[k], p.pin_epoch);
       unsigned const ballot = __ballot_sync(0xFFFFFFFFu, ok);
       if (ok) {
         std::int32_t const owner = pool.owner[slot[k]];
@@ -363,6 +387,140 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
     if (staged > warp_stage - 32 * Items) { flush(); }
   }
   flush();
+}
+
+/// Tie-break of a row: lower position first, then lower request index.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint64_t tie_of(device_pool_ref const& pool, std::int32_t slot,
+                                                            int owner_bits)
+{
+  return (std::uint64_t(pool.position[slot]) << owner_bits) | std::uint64_t(pool.owner[slot]);
+}
+
+/**
+ * Global order, (key, tie-break) packed into one word of `bits` bits (key − key_lo above
+ * the `tie_bits` of tie − tie_lo; unique per row): returns the t-th smallest packed value
+ * of the n candidates, leaving every candidate's packed value in `pool.keys`. One grid
+ * barrier per 8-bit digit: every block adds its counts to the grid's histogram of the
+ * digit, and after the barrier each block picks the digit from it by itself (all pick the
+ * same). The histograms rotate over three buffers of `scratch.hist`: the one of digit i is
+ * cleared after the barrier of digit i − 1 — every block read it before that barrier,
+ * none adds to it before the next — so the buffers are zero again when the select ends
+ * except the last one, which `reset_scratch` clears.
+ */
+template <int Block>
+DHISPARSE_DEVICE std::uint64_t select_packed(reclaim_params const& p, int n, int t, int bits, std::uint64_t key_lo,
+                                             int tie_bits, std::uint64_t tie_lo, int owner_bits)
+{
+  namespace cg     = cooperative_groups;
+  auto grid        = cg::this_grid();
+  auto const& pool = p.pool;
+  auto const& s    = p.scratch;
+  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
+  std::int64_t const first   = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  __shared__ unsigned hist[256];
+  __shared__ std::uint64_t prefix;
+  __shared__ int remaining;
+  if (threadIdx.x == 0) {
+    prefix    = 0;
+    remaining = t;
+  }
+  int const top = (bits + 7) / 8 * 8;
+  int digit     = 0;
+  for (int shift = top - 8; shift >= 0; shift -= 8, ++digit) {
+    for (int i = threadIdx.x; i < 256; i += Block) { hist[i] = 0; }
+    __syncthreads();
+    std::uint64_t const above = prefix;
+    for (std::int64_t c = first; c < n; c += threads) {
+      std::int32_t const slot = s.candidates[c];
+      std::uint64_t v;
+      if (digit == 0) {  // this thread reads candidate c in every digit and in release
+        std::uint64_t const key  = __ldcg(reinterpret_cast<unsigned long long const*>(pool.keys) + slot);
+        std::uint64_t const high = tie_bits >= 64 ? 0 : (key - key_lo) << tie_bits;
+        v                        = high | (tie_of(pool, slot, owner_bits) - tie_lo);
+        pool.keys[slot]          = v;
+      } else {
+        v = pool.keys[slot];
+      }
+      if (shift + 8 < 64 && ((v ^ above) >> (shift + 8)) != 0) { continue; }
+      aggregated_add(hist, unsigned(v >> shift) & 255u, 1u);
+    }
+    __syncthreads();
+    std::uint32_t* h = s.hist + (digit % 3) * 256;
+    for (int i = threadIdx.x; i < 256; i += Block) {
+      if (hist[i] != 0) { atomicAdd(h + i, hist[i]); }
+    }
+    grid.sync();
+    if (blockIdx.x == 0) {
+      for (int i = threadIdx.x; i < 256; i += Block) { s.hist[((digit + 2) % 3) * 256 + i] = 0; }
+    }
+    for (int i = threadIdx.x; i < 256; i += Block) { hist[i] = __ldcg(h + i); }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      int rem     = remaining;
+      int const d = resolve::pick_digit(hist, rem);
+      if (threadIdx.x == 0) {
+        prefix |= std::uint64_t(d) << shift;
+        remaining = rem;
+      }
+    }
+    __syncthreads();
+  }
+  return prefix;
+}
+
+/// Releases every candidate c < n for which `take(slot, owner)` holds: unmap, free, push
+/// onto the free stack, count. Candidate c is read by the thread that read it in the select.
+template <int Block, class Take>
+DHISPARSE_DEVICE void release_candidates(reclaim_params const& p, int n, Take const& take_of)
+{
+  auto const& pool = p.pool;
+  auto const& s    = p.scratch;
+  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
+  int released = 0;
+  for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < n; base += threads) {
+    std::int64_t const c = base + threadIdx.x;
+    bool take            = false;
+    std::int32_t slot = -1, owner = -1;
+    if (c < n) {
+      slot  = s.candidates[c];
+      owner = pool.owner[slot];
+      take  = take_of(slot, owner);
+    }
+    int const at = block_append<Block>(pool.free_count, take);
+    if (take) {
+      *p.map.entry(owner, p.group, pool.position[slot]) = not_resident;
+      pool.owner[slot]    = -1;
+      pool.position[slot] = -1;
+      pool.state[slot]    = 0;
+      pool.touched[slot]  = 0;
+      pool.free_stack[at] = slot;
+      aggregated_add(pool.owned_count, unsigned(owner), -1);
+      ++released;
+    }
+  }
+  __shared__ int block_released;
+  if (threadIdx.x == 0) { block_released = 0; }
+  __syncthreads();
+  if (released != 0) { atomicAdd(&block_released, released); }
+  __syncthreads();
+  if (threadIdx.x == 0 && block_released != 0) {
+    atomicAdd(&pool.counters->reclaimed_rows, static_cast<unsigned long long>(block_released));
+  }
+}
+
+/// Scratch back to zero for the next reclaim (after a grid barrier), and the reclaim counted.
+template <int Block>
+DHISPARSE_DEVICE void reset_scratch(reclaim_params const& p)
+{
+  auto const& s              = p.scratch;
+  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
+  std::int64_t const first   = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  auto* scalars              = reinterpret_cast<unsigned long long*>(s.scalars);
+  for (std::int64_t i = first; i < std::int64_t(s.segments) * f_fields; i += threads) { s.segment[i] = 0; }
+  for (std::int64_t i = first; i < std::int64_t(hist_entries(s.segments)); i += threads) { s.hist[i] = 0; }
+  if (first < s_scalars) { scalars[first] = 0; }
+  for (std::int64_t i = first; i < sample_bins + 4; i += threads) { s.sample[i] = 0; }
+  if (first == 0) { atomicAdd(&p.pool.counters->reclaims, 1ull); }
 }
 
 template <class Eviction, int Block>
@@ -419,8 +577,31 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   }
   grid.sync();
 
-  // 2. Targets.
   int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);
+  std::uint64_t const key_lo = ~scalars[s_key_min], key_hi = scalars[s_key_max];
+  std::uint64_t const tie_lo = ~scalars[s_tie_min], tie_hi = scalars[s_tie_max];
+
+  // Global order with (key, tie-break) in one word: one select, one barrier per digit.
+  if (!fair) {
+    int const packed_key_bits = n > 0 ? resolve::bit_width(key_lo ^ key_hi) : 0;
+    int const packed_tie_bits = n > 0 ? resolve::bit_width(tie_lo ^ tie_hi) : 0;
+    if (packed_key_bits + packed_tie_bits <= 64) {
+      int const t = min(want, n);
+      std::uint64_t threshold = ~0ull;  // every candidate when t = n
+      if (t < n) {
+        threshold = select_packed<Block>(p, n, t, packed_key_bits + packed_tie_bits, key_lo, packed_tie_bits, tie_lo,
+                                         owner_bits);
+      }
+      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {
+        return t >= n || pool.keys[slot] <= threshold;
+      });
+      grid.sync();
+      reset_scratch<Block>(p);
+      return;
+    }
+  }
+
+  // 2. Targets.
   if (blockIdx.x == 0) {
     if (fair) {
       fair_targets<Block>(p, want);
@@ -432,8 +613,6 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
       s.segment[f_mode]      = t == 0 ? mode_none : (t >= n ? mode_all : mode_key);
     }
   }
-  std::uint64_t const key_lo = ~scalars[s_key_min], key_hi = scalars[s_key_max];
-  std::uint64_t const tie_lo = ~scalars[s_tie_min], tie_hi = scalars[s_tie_max];
   int const key_bits         = (resolve::bit_width(key_lo ^ key_hi) + 7) / 8 * 8;
   int const tie_bits         = (resolve::bit_width(tie_lo ^ tie_hi) + 7) / 8 * 8;
   std::uint64_t const key_base = key_bits >= 64 ? 0 : key_lo & (~0ull << key_bits);
@@ -446,9 +625,6 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
 
   // 3. Radix select per segment: key digits, then tie-break digits.
   auto const segment_of = [&](std::int32_t slot) { return fair ? pool.owner[slot] : 0; };
-  auto const tie_of     = [&](std::int32_t slot) {
-    return (std::uint64_t(pool.position[slot]) << owner_bits) | std::uint64_t(pool.owner[slot]);
-  };
   int pass = 0;
   for (int level = 0; level < 2; ++level) {
     int const bits = level == 0 ? key_bits : tie_bits;
@@ -469,7 +645,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
         std::uint64_t v         = key;
         if (level == 1) {
           if (key != s.prefix[2 * g]) { continue; }
-          v = tie_of(slot);
+          v = tie_of(pool, slot, owner_bits);
         }
         if (((v ^ s.prefix[2 * g + level]) >> shift >> 8) != 0) { continue; }
         unsigned const d = unsigned(v >> shift) & 255u;
@@ -535,54 +711,22 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   }
 
   // 4. Release.
-  int released = 0;
-  for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < n; base += threads) {
-    std::int64_t const c = base + threadIdx.x;
-    bool take            = false;
-    std::int32_t slot = -1, owner = -1;
-    if (c < n) {
-      slot                      = s.candidates[c];
-      owner                     = pool.owner[slot];
-      std::int32_t const* rec   = s.segment + (fair ? owner : 0) * f_fields;
-      std::uint64_t const key   = pool.keys[slot];
-      std::uint64_t const kstar = s.prefix[2 * (fair ? owner : 0)];
-      switch (rec[f_mode]) {
-        case mode_all: take = true; break;
-        case mode_le_key: take = key <= kstar; break;
-        case mode_tie:
-          take = key < kstar || (key == kstar && tie_of(slot) <= s.prefix[2 * (fair ? owner : 0) + 1]);
-          break;
-        default: break;
-      }
+  release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t owner) {
+    int const g               = fair ? owner : 0;
+    std::int32_t const* rec   = s.segment + g * f_fields;
+    std::uint64_t const key   = pool.keys[slot];
+    std::uint64_t const kstar = s.prefix[2 * g];
+    switch (rec[f_mode]) {
+      case mode_all: return true;
+      case mode_le_key: return key <= kstar;
+      case mode_tie: return key < kstar || (key == kstar && tie_of(pool, slot, owner_bits) <= s.prefix[2 * g + 1]);
+      default: return false;
     }
-    int const at = block_append<Block>(pool.free_count, take);
-    if (take) {
-      *p.map.entry(owner, p.group, pool.position[slot]) = not_resident;
-      pool.owner[slot]    = -1;
-      pool.position[slot] = -1;
-      pool.state[slot]    = 0;
-      pool.touched[slot]  = 0;
-      pool.free_stack[at] = slot;
-      aggregated_add(pool.owned_count, unsigned(owner), -1);
-      ++released;
-    }
-  }
-  __shared__ int block_released;
-  if (threadIdx.x == 0) { block_released = 0; }
-  __syncthreads();
-  if (released != 0) { atomicAdd(&block_released, released); }
-  __syncthreads();
-  if (threadIdx.x == 0 && block_released != 0) {
-    atomicAdd(&pool.counters->reclaimed_rows, static_cast<unsigned long long>(block_released));
-  }
+  });
   grid.sync();
 
   // 5. Scratch back to zero for the next reclaim.
-  for (std::int64_t i = first; i < std::int64_t(s.segments) * f_fields; i += threads) { s.segment[i] = 0; }
-  for (std::int64_t i = first; i < std::int64_t(s.segments) * 2 * 256; i += threads) { s.hist[i] = 0; }
-  if (first < s_scalars) { scalars[first] = 0; }
-  for (std::int64_t i = first; i < sample_bins + 4; i += threads) { s.sample[i] = 0; }
-  if (first == 0) { atomicAdd(&pool.counters->reclaims, 1ull); }
+  reset_scratch<Block>(p);
 }
 
 /// Explicit reclaim: up to `target_free` free slots.
