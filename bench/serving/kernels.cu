@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(scores_threads, 1)
           }
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt) {
-            acc[mt][0] += w[n].x * relu_of(c[mt][0]) + w[n].y * relu_of(c[mt][1]);
-            acc[mt][1] += w[n].x * relu_of(c[mt][2]) + w[n].y * relu_of(c[mt][3]);
+            acc[mt][0] = fmaf(w[n].y, relu_of(c[mt][1]), fmaf(w[n].x, relu_of(c[mt][0]), acc[mt][0]));
+            acc[mt][1] = fmaf(w[n].y, relu_of(c[mt][3]), fmaf(w[n].x, relu_of(c[mt][2]), acc[mt][1]));
           }
         }
         // Sum over the quad (tig) as a reduce-scatter: lane tig ends with the two rows of m-tile
