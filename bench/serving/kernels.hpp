@@ -79,34 +79,52 @@ void launch_gather_selections(step_batch_ref batch, std::int32_t const* rows, st
                               int templates, int template_groups, int group, std::int64_t tokens, int top_k,
                               std::int32_t* out, std::uint32_t* status, cudaStream_t stream);
 
-/// Allows the indexer stand-in its shared memory (queries of a request); call once before capture.
+/// Allows the indexer stand-in's kernels their shared memory; call once before capture.
 void prepare_indexer(int heads, int max_queries);
 
 /**
  * @brief Indexer stand-in, scores: for every query (b, q) and every position t ≤ length_b
  *        + Q_b of request b, score = Σ_h w_h · relu(q_h · k_t) over `heads` heads of 128
  *        int8 dimensions (int8 tensor cores, as the FP8 DSA indexer: the same bytes per
- *        key and the same multiply-adds).
+ *        key and the same multiply-adds). One block per multiprocessor; each takes the
+ *        same share of (request, key) work from a prefix over the batch, streams 512-key
+ *        tiles through shared memory (cp.async) and keeps every query head of a group of up
+ *        to 512 / heads queries staged; reads no key past a request's own keys.
  * @param keys device int8 [..][128]; request b's keys start at row key_base[b]
  * @param queries device int8 [max_batch][max_queries][heads][128]
  * @param weights device float [heads]
  * @param scores device float [max_batch][max_queries][score_stride]
  * @param index_stride positions per index key (1: DSA, a key per position; s > 1: a
  *        compressed indexer with one key per s positions)
- * @param max_tokens most positions a request may have (grid size)
+ * @param max_tokens most positions a request may have (unused: the grid does not depend on it)
  */
 void launch_indexer_scores(step_batch_ref batch, std::int8_t const* keys, std::int64_t const* key_base,
                            std::int8_t const* queries, float const* weights, int heads, int index_stride,
                            float* scores, std::int64_t score_stride, std::int32_t max_tokens, cudaStream_t stream);
 
 /**
- * @brief Indexer stand-in, top-K: a two-pass radix threshold selection of the K best
- *        scores of every query (histogram of the top score bits, then compaction). The
- *        output is the cost of a real top-K; the step's selections come from the workload.
- * @param out device int32 [max_batch][max_queries][top_k]
+ * @brief Indexer stand-in, top-K: an exact radix select of the K best scores of every
+ *        query (b, q) over its keys up to its own position, by a cluster of up to 8 blocks
+ *        (three histogram rounds of 11, 11 and 10 bits, then compaction). Entry (b, q) gets
+ *        every key index scoring above the K-th best and as many equal to it as K needs, in
+ *        no particular order; -1 past the row's keys when it has fewer than K. The output is
+ *        the cost of a real top-K; the step's selections come from the workload.
+ * @param out device int32 [max_batch][max_queries][top_k]; rows of padding entries untouched
  */
 void launch_indexer_topk(step_batch_ref batch, float const* scores, std::int64_t score_stride, int index_stride,
                          int top_k, std::int32_t* out, cudaStream_t stream);
+
+/// The previous scores kernel (one warp per 16 keys, keys read straight from global
+/// memory), kept as bench_indexer --old's baseline; same arguments and results.
+void launch_indexer_scores_baseline(step_batch_ref batch, std::int8_t const* keys, std::int64_t const* key_base,
+                                    std::int8_t const* queries, float const* weights, int heads, int index_stride,
+                                    float* scores, std::int64_t score_stride, std::int32_t max_tokens,
+                                    cudaStream_t stream);
+
+/// The previous top-K pass (one block per (b, q), an 11-bit threshold bin, not exact),
+/// kept as bench_indexer --old's baseline.
+void launch_indexer_topk_baseline(step_batch_ref batch, float const* scores, std::int64_t score_stride,
+                                  int index_stride, int top_k, std::int32_t* out, cudaStream_t stream);
 
 /// The model's tail rows of layer `layer` of `group`: row_word contents into the tail slots.
 void launch_write_tail_rows(step_batch_ref batch, std::int32_t const* tail_slots, std::byte* rows,
