@@ -122,7 +122,9 @@ static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::p
  * rejections at a tree node, R_k by the recursion with the masses in `sh.mass`.
  * Integer sums wrap (cheaper than saturating); a wrap needs a row mass ≥ 4, which the
  * fp32 sums of the same clamped values expose (flagged as not normalized, as the host's
- * saturated mass is), so such a request's outputs are discarded.
+ * saturated mass is), so such a request's outputs are discarded. With R = P (mode 0) the
+ * p mass is the sum of the chunk masses (the same integers, wrapping identically), so it
+ * is not accumulated a second time per element.
  */
 template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
@@ -174,9 +176,9 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
             float const xc = clamp01(x);
             s.p_float += xc;
             std::uint64_t const P = __float2ull_rz(xc * 0x1p62f);
-            s.p += P;
             std::uint64_t R = P;
-            if constexpr (with_q) {
+            if constexpr (with_q) {  // (mode 0: R = P, so Σ P is the sum of the chunk masses)
+              s.p += P;
               float const y = qv[j][e];
               s.flags |= element_flags(y, true);
               float const yc = clamp01(y);
@@ -201,6 +203,7 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   }
   // After warp_sum every lane holds its warp's R mass; keep lane 0's share only.
   if (lane != 0) { s.r = 0; }
+  if constexpr (!with_q) { s.p = s.r; }  // the same integers as Σ P, wrapping identically
   block_sum3(sh, s.p, s.q, s.r);
   s.p_float = block_sum(sh, s.p_float);
   if constexpr (with_q) { s.q_float = block_sum(sh, s.q_float); }
