@@ -27,7 +27,7 @@ struct cluster_partial {
   std::int32_t arg;          ///< argmax: its smallest index
 };
 
-/// Per-CTA state. ~39 KB: under the 48 KB of static shared memory.
+/// Per-CTA state. ~40 KB: under the 48 KB of static shared memory.
 struct shared_state {
   std::uint64_t chunk[max_chunks];        ///< mass of each chunk of the row of the last pass
   std::uint64_t node_p[max_nodes];        ///< P at node m's token, from its parent's p row
@@ -37,6 +37,7 @@ struct shared_state {
   std::uint64_t patch_q[max_patches];     ///< candidates: Q of the candidate
   std::uint64_t patch_delta[max_patches]; ///< P − R_k at the token: what the residual removes
   std::int32_t patch_id[max_patches];     ///< candidate ids / removed one-hot tokens
+  std::int32_t chunk_patches[max_patches]; ///< `locate`: the slots whose id is in the sampled chunk, in slot order
   std::int32_t token[max_nodes];
   std::int32_t first_child[max_nodes];
   std::int32_t next_sibling[max_nodes];

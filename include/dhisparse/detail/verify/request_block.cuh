@@ -255,11 +255,25 @@ class request_block {
         arg  = i;
       }
     };
-    constexpr int unroll   = 4;
-    std::int64_t const V   = a_.vocab;
+    constexpr int unroll    = 4;  // vectors per lane per step: 64 bytes with 16-byte loads
+    std::int64_t const V    = a_.vocab;
     std::int64_t const step = std::int64_t(block_threads) * Vec * Ctas;
-    for (std::int64_t base = (std::int64_t(rank_) * block_threads + threadIdx.x) * Vec; base < V;
-         base += unroll * step) {
+    // Threads u < unroll keep the next `prefetch_chunks_p` steps of this CTA's slice (piece
+    // u of a step: block_threads · Vec elements at + u · step) on their way to L2.
+    std::int64_t base = (std::int64_t(rank_) * block_threads + threadIdx.x) * Vec;
+    std::int64_t ahead = std::int64_t(rank_) * block_threads * Vec + (int(threadIdx.x) + unroll) * step;
+    auto prefetch_step = [&]() {  // the next step not yet prefetched (from step 1 on)
+      if constexpr (Vec == 4 && prefetch_chunks_p > 0) {
+        if (threadIdx.x < unroll && ahead < V) {
+          prefetch_l2(p + ahead, 4 * min(std::int64_t(block_threads) * Vec, V - ahead));
+        }
+      }
+      ahead += unroll * step;
+    };
+#pragma unroll
+    for (int i = 1; i < prefetch_chunks_p; ++i) { prefetch_step(); }
+    for (; base < V; base += unroll * step) {
+      prefetch_step();
       float v[unroll][Vec];
 #pragma unroll
       for (int u = 0; u < unroll; ++u) { row_loader<Vec>::load(p, base + u * step, V, v[u]); }
@@ -419,15 +433,73 @@ class request_block {
     return total;
   }
 
-  /// R_k at token i of the row of the last `residual_mass` (the chunk re-read).
-  __device__ std::uint64_t residual_element(float const* prow, float const* qrow, std::int64_t i) const
+  /// R_k at token i of the row of the last `residual_mass` (the chunk re-read), from p and
+  /// q there; `patches` slots of `sh_.chunk_patches` hold every patch whose id is in the
+  /// chunk of i.
+  __device__ std::uint64_t residual_element(float p, float q, std::int64_t i, int patches) const
   {
-    std::uint64_t P = fixed_of(prow[i]);
-    if (dense_q_) { return residual_at(P, fixed_of(qrow[i]), k_, sh_.mass); }
-    for (int j = 0; j < patches_; ++j) {
-      if (sh_.patch_id[j] == i) { P = sub_floor0(P, sh_.patch_delta[j]); }
+    std::uint64_t P = fixed_of(p);
+    if (dense_q_) { return residual_at(P, fixed_of(q), k_, sh_.mass); }
+    for (int j = 0; j < patches; ++j) {
+      int const slot = sh_.chunk_patches[j];
+      if (sh_.patch_id[slot] == i) { P = sub_floor0(P, sh_.patch_delta[slot]); }
     }
     return P;
+  }
+
+  /**
+   * @brief Warp 0: the smallest token i in [c0, c1) whose residual mass over [c0, i] exceeds
+   *        `offset`, or -1. The warp reads the chunk in rounds of 32 consecutive elements
+   *        (lane l: element l), issuing `batch` rounds' loads at once, and scans each round:
+   *        a few load latencies per chunk, not one per element. Integer prefix sums are
+   *        exact, so the token is the one a sequential scan finds.
+   */
+  __device__ __noinline__ std::int32_t search_chunk(int row, std::int64_t c0, std::int64_t c1, std::uint64_t offset,
+                                                    int patches) const
+  {
+    constexpr int batch = 4;
+    int const lane      = threadIdx.x & 31;
+    float const* prow   = p_row(row);
+    float const* qrow   = dense_q_ ? q_row(row) : nullptr;
+    std::uint64_t acc   = 0;  // residual mass of [c0, base)
+    for (std::int64_t base = c0; base < c1; base += 32 * batch) {
+      float pv[batch], qv[batch];
+#pragma unroll
+      for (int j = 0; j < batch; ++j) {
+        std::int64_t const i = base + j * 32 + lane;
+        pv[j]                = i < c1 ? prow[i] : 0.f;
+        qv[j]                = qrow != nullptr && i < c1 ? qrow[i] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < batch; ++j) {
+        std::int64_t const i      = base + j * 32 + lane;
+        std::uint64_t const r     = i < c1 ? residual_element(pv[j], qv[j], i, patches) : 0;
+        std::uint64_t const incl  = acc + warp_inclusive_scan(r);
+        unsigned const past       = __ballot_sync(0xFFFFFFFFu, incl > offset);
+        if (past != 0) { return std::int32_t(base + j * 32 + __ffs(int(past)) - 1); }
+        acc = __shfl_sync(0xFFFFFFFFu, incl, 31);
+      }
+    }
+    return -1;
+  }
+
+  /// Warp 0: the patch slots whose id lies in [i0, i1), in slot order, into
+  /// `sh_.chunk_patches` (so the element loop of `locate` tests those few, not all K).
+  /// Returns their count (every lane).
+  __device__ int chunk_patches(std::int64_t i0, std::int64_t i1)
+  {
+    int const lane = threadIdx.x & 31;
+    int count      = 0;
+    for (int j0 = 0; j0 < patches_; j0 += 32) {
+      int const j           = j0 + lane;
+      std::int32_t const id = j < patches_ ? sh_.patch_id[j] : -1;
+      bool const in         = id >= i0 && id < i1;
+      unsigned const inside = __ballot_sync(0xFFFFFFFFu, in);
+      if (in) { sh_.chunk_patches[count + __popc(inside & ((1u << lane) - 1u))] = j; }
+      count += __popc(inside);
+    }
+    __syncwarp();
+    return count;
   }
 
   /// Inverse-CDF sample from the chunk masses of the last `residual_mass`.
@@ -450,6 +522,12 @@ class request_block {
         if (target - acc < sh_.chunk[c]) {
           sh_.found_chunk  = c;
           sh_.found_offset = target - acc;
+          if constexpr (Vec == 4 && prefetch_chunks_p > 0) {  // to L2 now: warp 0's loads below hit it
+            std::int64_t const start = std::int64_t(c) * chunk_len_;
+            std::int64_t const bytes = 4 * min(chunk_len_, std::int64_t(a_.vocab) - start);
+            prefetch_l2(p_row(row) + start, bytes);
+            if (dense_q_) { prefetch_l2(q_row(row) + start, bytes); }
+          }
           break;
         }
         acc += sh_.chunk[c];
@@ -458,26 +536,11 @@ class request_block {
     __syncthreads();
     int const chunk = sh_.found_chunk;
     if (chunk >= 0 && threadIdx.x < 32) {
-      int const lane          = threadIdx.x;
-      float const* prow       = p_row(row);
-      float const* qrow       = dense_q_ ? q_row(row) : nullptr;
-      std::int64_t const span = chunk_len_ / 32;
-      std::int64_t const i0   = min(std::int64_t(chunk) * chunk_len_ + lane * span, std::int64_t(a_.vocab));
-      std::int64_t const i1   = min(i0 + span, std::int64_t(a_.vocab));
-      std::uint64_t sum       = 0;
-      for (std::int64_t i = i0; i < i1; ++i) { sum += residual_element(prow, qrow, i); }
-      std::uint64_t const inclusive = warp_inclusive_scan(sum);
-      std::uint64_t const offset    = sh_.found_offset;
-      std::uint64_t acc             = inclusive - sum;
-      if (sum > 0 && offset >= acc && offset - acc < sum) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          acc += residual_element(prow, qrow, i);
-          if (acc > offset) {
-            sh_.found_token = std::int32_t(i);
-            break;
-          }
-        }
-      }
+      std::int64_t const c0 = std::int64_t(chunk) * chunk_len_;
+      std::int64_t const c1 = min(c0 + chunk_len_, std::int64_t(a_.vocab));
+      int const patches     = dense_q_ ? 0 : chunk_patches(c0, c1);
+      std::int32_t const t  = search_chunk(row, c0, c1, sh_.found_offset, patches);
+      if (threadIdx.x == 0) { sh_.found_token = t; }
     }
     __syncthreads();
     std::int32_t const t = sh_.found_token;

@@ -41,6 +41,37 @@ __device__ __forceinline__ std::uint64_t residual_at(std::uint64_t P, std::uint6
   return P;
 }
 
+/// Asks the memory system to bring `bytes` bytes at `ptr` (16-byte aligned, a multiple of
+/// 16, inside one allocation) into L2 without waiting and without registers (sm_90 bulk
+/// prefetch, `cp.async.bulk.prefetch.L2`); elsewhere a no-op. A hint: the loads that
+/// follow read the same bytes whether or not it was honoured.
+__device__ __forceinline__ void prefetch_l2(float const* ptr, std::int64_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(ptr)),
+               "r"(static_cast<std::uint32_t>(bytes)));
+#else
+  (void)ptr, (void)bytes;
+#endif
+}
+
+#ifndef DHISPARSE_VERIFY_PREFETCH_CHUNKS
+/// Chunks of a row pass over p alone that each warp keeps prefetched into L2 ahead of the
+/// chunk it loads (`prefetch_chunks_p`); 0 turns the prefetch off (a build for comparing).
+#define DHISPARSE_VERIFY_PREFETCH_CHUNKS 2
+#endif
+
+/// Chunks a warp of a pass over p alone keeps prefetched into L2 ahead of the chunk it
+/// loads (2 KB each at V ≤ 1 M): with 256 threads × 64 bytes of loads in flight per CTA, a
+/// CTA that reads a row alone (the last requests of a call, a long greedy path) is bound by
+/// that latency; the prefetch keeps another 32 KB per CTA on its way to L2 (16 MB for 512
+/// CTAs, a third of the H200's L2), so the loads hit L2. A pass over p and q prefetches
+/// half as many chunks of each row (the same bytes). Prefetching needs 16-byte aligned
+/// rows (`Vec` = 4).
+inline constexpr int prefetch_chunks_p  = DHISPARSE_VERIFY_PREFETCH_CHUNKS;
+inline constexpr int prefetch_chunks_pq = (prefetch_chunks_p + 1) / 2;
+static_assert(prefetch_chunks_p >= 0, "DHISPARSE_VERIFY_PREFETCH_CHUNKS must be >= 0");
+
 /// Accumulators of one pass.
 struct pass_sums {
   std::uint64_t p = 0, q = 0, r = 0;  ///< fixed-point masses of p, q and R_k
@@ -91,7 +122,9 @@ static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::p
  * rejections at a tree node, R_k by the recursion with the masses in `sh.mass`.
  * Integer sums wrap (cheaper than saturating); a wrap needs a row mass ≥ 4, which the
  * fp32 sums of the same clamped values expose (flagged as not normalized, as the host's
- * saturated mass is), so such a request's outputs are discarded.
+ * saturated mass is), so such a request's outputs are discarded. With R = P (mode 0) the
+ * p mass is the sum of the chunk masses (the same integers, wrapping identically), so it
+ * is not accumulated a second time per element.
  */
 template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
@@ -105,8 +138,23 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   int const warp         = threadIdx.x >> 5;
   std::int64_t const len = chunk_length(vocab);
   int const nchunks      = int((vocab + len - 1) / len);
+  int const first         = rank * block_warps + warp;  // this warp's chunks: first + i·stride
+  int const stride        = Ctas * block_warps;
+  constexpr int ahead     = with_q ? prefetch_chunks_pq : prefetch_chunks_p;
+  auto prefetch_chunk     = [&](int c) {
+    if constexpr (Vec == 4 && ahead > 0) {
+      if (lane == 0 && c < nchunks) {
+        std::int64_t const start = c * len;
+        std::int64_t const bytes = 4 * min(len, vocab - start);
+        prefetch_l2(prow + start, bytes);
+        if constexpr (with_q) { prefetch_l2(qrow + start, bytes); }
+      }
+    }
+  };
+#pragma unroll
+  for (int i = 1; i <= ahead; ++i) { prefetch_chunk(first + i * stride); }
   pass_sums s;
-  for (int c = rank * block_warps + warp; c < nchunks; c += Ctas * block_warps) {
+  for (int c = first; c < nchunks; c += stride) {
     std::uint64_t csum = 0;
     for (std::int64_t unit = c * len; unit < (c + 1) * len; unit += chunk_unit) {
 #pragma unroll
@@ -128,9 +176,9 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
             float const xc = clamp01(x);
             s.p_float += xc;
             std::uint64_t const P = __float2ull_rz(xc * 0x1p62f);
-            s.p += P;
             std::uint64_t R = P;
-            if constexpr (with_q) {
+            if constexpr (with_q) {  // (mode 0: R = P, so Σ P is the sum of the chunk masses)
+              s.p += P;
               float const y = qv[j][e];
               s.flags |= element_flags(y, true);
               float const yc = clamp01(y);
@@ -148,12 +196,14 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
         }
       }
     }
+    prefetch_chunk(c + (ahead + 1) * stride);  // chunk c's loads are done: keep `ahead` ahead
     csum = warp_sum(csum);
     if (lane == 0) { sh.chunk[c] = csum; }
     s.r += csum;
   }
   // After warp_sum every lane holds its warp's R mass; keep lane 0's share only.
   if (lane != 0) { s.r = 0; }
+  if constexpr (!with_q) { s.p = s.r; }  // the same integers as Σ P, wrapping identically
   block_sum3(sh, s.p, s.q, s.r);
   s.p_float = block_sum(sh, s.p_float);
   if constexpr (with_q) { s.q_float = block_sum(sh, s.q_float); }
