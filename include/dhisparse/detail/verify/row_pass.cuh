@@ -57,8 +57,10 @@ __device__ __forceinline__ void prefetch_l2(float const* ptr, std::int64_t bytes
 
 #ifndef DHISPARSE_VERIFY_PREFETCH_CHUNKS
 /// Chunks of a row pass over p alone that each warp keeps prefetched into L2 ahead of the
-/// chunk it loads (`prefetch_chunks_p`); 0 turns the prefetch off (a build for comparing).
-#define DHISPARSE_VERIFY_PREFETCH_CHUNKS 2
+/// chunk it loads (`prefetch_chunks_p`); 0, the default, turns the prefetch off: on the
+/// H200 (2026-12-04, docs/benchmarks.md "verify") 2 chunks made 6 of 9 configurations
+/// slower (chain dense q 53.7% → 49.3% of HBM bandwidth) and sped up only `validate_all`.
+#define DHISPARSE_VERIFY_PREFETCH_CHUNKS 0
 #endif
 
 /// Chunks a warp of a pass over p alone keeps prefetched into L2 ahead of the chunk it
