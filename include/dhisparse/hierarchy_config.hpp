@@ -147,9 +147,10 @@ struct hierarchy_config {
   /// pass over the pool serves several steps (-1: device_slots_per_group / 64).
   std::int64_t reclaim_batch = -1;
   /// Shared budgets in global order: slots a reclaim samples to bound the keys it reads
-  /// (0: no sample, every eligible row is a candidate). Speed only: which rows are released
-  /// does not depend on it; tests use small samples to exercise the pass that follows a miss.
-  int reclaim_sample_slots = 65536;
+  /// (0: no sample, every eligible row is a candidate), one per thread of the first blocks
+  /// of the reclaim's grid (at most all of them). Speed only: which rows are released does
+  /// not depend on it; tests use small samples to exercise the pass that follows a miss.
+  int reclaim_sample_slots = 16384;
   host_store_config host{};
   /// Optional caller-owned slab per group (device memory, 16-byte aligned, at least
   /// device_slots_per_group × layers × row bytes). Empty: the hierarchy allocates.

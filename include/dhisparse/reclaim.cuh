@@ -39,10 +39,10 @@ namespace dhisparse {
 struct reclaim_scratch_ref {
   std::int32_t* candidates;  ///< [num_slots] eligible slots of the current pass
   std::int32_t* ties;        ///< [num_slots] candidates at their segment's threshold key
-  std::uint32_t* hist;       ///< [max(2 × segments, 3)][256] digit counts (zero between reclaims)
+  std::uint32_t* hist;       ///< max(2 × segments × 256, 3 × 2048) digit counts (zero between reclaims)
   std::int32_t* segment;     ///< [segments][6]: target, remaining, mode, eligible, ties, pad
   std::uint64_t* prefix;     ///< [segments][2]: key prefix, tie prefix
-  std::uint64_t* scalars;    ///< [8]: candidates, key min, key max, tie min, tie max, …
+  std::uint64_t* scalars;    ///< [16]: candidates, key min, key max, tie min, tie max, …
   std::uint32_t* sample;     ///< [4096 + 4]: key histogram of a sample of slots, its key range
   std::int32_t segments;     ///< 1 (global order) or max_requests (fair share)
   std::int32_t sample_slots; ///< slots sampled for the key bound (global order; 0: no bound)
@@ -69,7 +69,7 @@ std::size_t reclaim_scratch_size(std::int32_t num_slots, std::int32_t segments);
 /// aligned, zero before the first reclaim; every reclaim leaves it so). `sample_slots`: see
 /// `hierarchy_config::reclaim_sample_slots`.
 reclaim_scratch_ref make_reclaim_scratch(void* memory, std::int32_t num_slots, std::int32_t segments,
-                                         std::int32_t sample_slots = 65536);
+                                         std::int32_t sample_slots = 16384);
 
 /**
  * @brief Enqueues a reclaim of one pool on `stream`: releases the fewest optional rows in

@@ -3,8 +3,8 @@
 
 Copies include/ and bench/ of a source tree to OUT_DIR, adds `%globaltimer` marks at the
 phase boundaries of the reclaim kernel's global-order path (detail/reclaim/kernels.cuh:
-1 sample, 2 candidates up to the bound, 3 the rest and the bounds, 4 the packed select, 5
-release, 6 the barrier after it) and a print of them after each timed reclaim of
+1 sample, 2 candidates up to the bound, 3 the bounds' barrier (and the rest), 4 the packed
+select, 5 release, 6 the scratch reset by the last block) and a print of them after each timed reclaim of
 bench/resolve, and builds `OUT_DIR/bench_resolve_phases` (sm_90). Run it on the GPU like
 bench_resolve (e.g. `--batches 128`): each timed reclaim prints
 `trace us: 1:<sample end> … 6:<release barrier> | want … in_bound … n … key_bits … tie_bits …`,
@@ -35,9 +35,9 @@ patch('include/dhisparse/detail/reclaim/kernels.cuh', [
 __device__ unsigned long long reclaim_trace[32];
 #define RC_MARK(i) do { if (blockIdx.x == 0 && threadIdx.x == 0) { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); reclaim_trace[i] = t; } } while (0)
 #define RC_INFO(i, v) do { if (blockIdx.x == 0 && threadIdx.x == 0) { reclaim_trace[16 + (i)] = (unsigned long long)(v); } } while (0)'''),
-    ('  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);',
-     '  RC_MARK(0);\n  std::uint64_t const bound = fair ? ~0ull : sample_bound<Eviction, Block>(p, want, limit);\n  RC_MARK(1);'),
-    ('  if (bound != ~0ull) {\n    grid.sync();', '  RC_MARK(2);\n  if (bound != ~0ull) {\n    grid.sync();'),
+    ('  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit) : ~0ull;',
+     '  RC_MARK(0);\n  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit) : ~0ull;\n  RC_MARK(1);'),
+    ('  publish_bounds();\n  grid.sync();\n  if (bound != ~0ull) {', '  RC_MARK(2);\n  publish_bounds();\n  grid.sync();\n  if (bound != ~0ull) {'),
     ('  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);',
      '  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);\n'
      '  RC_MARK(3); RC_INFO(0, want); RC_INFO(1, *count); RC_INFO(2, n); RC_INFO(3, bound); RC_INFO(8, gridDim.x);'),
@@ -45,7 +45,7 @@ __device__ unsigned long long reclaim_trace[32];
      '      RC_INFO(4, packed_key_bits); RC_INFO(5, packed_tie_bits);\n      std::uint64_t threshold = ~0ull;  // every candidate when t = n'),
     ('      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {',
      '      RC_MARK(4);\n      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {'),
-    ('      grid.sync();\n      reset_scratch<Block>(p);\n      return;', '      RC_MARK(5);\n      grid.sync();\n      RC_MARK(6);\n      reset_scratch<Block>(p);\n      return;'),
+    ('      reset_scratch<Block>(p);\n      return;', '      RC_MARK(5);\n      reset_scratch<Block>(p);\n      RC_MARK(6);\n      return;'),
 ])
 patch('bench/resolve/resolve.cu', [
     ('      if (c1.reclaimed_rows - c0.reclaimed_rows == std::uint64_t(release)) { ms.push_back(t); }',

@@ -30,7 +30,7 @@ using row       = row_format::opaque<64>;
 
 /// `ReclaimSample`: `hierarchy_config::reclaim_sample_slots` (speed only; the variants with a
 /// tiny sample reach reclaim's pass over the rows above a bound that holds too few).
-template <class Eviction, class Budget, int ReclaimSample = 65536>
+template <class Eviction, class Budget, int ReclaimSample = 16384>
 struct combo {
   using eviction                     = Eviction;
   using budget                       = Budget;
