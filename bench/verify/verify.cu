@@ -316,6 +316,7 @@ int main(int argc, char** argv)
     bool graph     = false;  ///< timed as replays of a captured graph
     bool empty     = false;  ///< device batch size 0 (the call's fixed cost)
     int ctas_per_sm = 0;     ///< wide: CTAs per SM of a depth launch (0: the library's)
+    int unroll      = 0;     ///< wide: 16-byte loads in flight per thread, 4 or 8 (0: the library's)
   };
   std::size_t const ws_bytes = [&] {
     verify_params shape;
@@ -328,8 +329,9 @@ int main(int argc, char** argv)
   DHISPARSE_CUDA_TRY(cudaMalloc(&workspace, ws_bytes));
   DHISPARSE_CUDA_TRY(cudaMalloc(&zero_batch, sizeof(std::int32_t)));
   DHISPARSE_CUDA_TRY(cudaMemset(zero_batch, 0, sizeof(std::int32_t)));
-  std::printf("wide greedy path: workspace %zu bytes, longest chunk %d elements, %d CTAs per depth\n", ws_bytes,
-              detail::verify::wide_max_chunk, detail::verify::wide_ctas());
+  std::printf("wide greedy path: workspace %zu bytes, longest chunk %d elements, %d CTAs per depth, %d B of loads "
+              "in flight per thread\n",
+              ws_bytes, detail::verify::wide_max_chunk, detail::verify::wide_ctas(), 16 * detail::verify::wide_unroll);
 
   std::printf("\n%-48s %9s %9s %10s %10s %9s %9s %11s\n", "configuration", "time ms", "accepted", "read MB",
               "read GB/s", "of copy", "of read", "p+q MB");
@@ -340,12 +342,18 @@ int main(int argc, char** argv)
     if (greedy) {
       variants.push_back({"wide", 0, true});
       if (sweep) {
-        for (int const chunk : {4096, 8192, 16384, 32768, 65536}) {
+        for (int const chunk : {8192, 16384, 32768, 65536}) {
           variants.push_back({"wide, chunk <= " + std::to_string(chunk / 1024) + "K", 0, true, chunk});
         }
-        for (int const per_sm : {2, 8}) {
-          variant w{"wide, " + std::to_string(per_sm) + " CTAs/SM", 0, true, detail::verify::wide_max_chunk};
-          w.ctas_per_sm = per_sm;
+        for (int const unroll : {4, 8}) {
+          variant w{"wide, " + std::to_string(unroll * 16) + " B in flight per thread", 0, true,
+                    detail::verify::wide_max_chunk};
+          w.unroll = unroll;
+          variants.push_back(w);
+        }
+        {
+          variant w{"wide, 8 CTAs/SM", 0, true, detail::verify::wide_max_chunk};
+          w.ctas_per_sm = 8;
           variants.push_back(w);
         }
         if (cluster_device) {
@@ -413,7 +421,9 @@ int main(int argc, char** argv)
           DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
           int const ctas = v.ctas_per_sm > 0 ? detail::verify::wide_ctas() / detail::verify::wide_ctas_per_sm * v.ctas_per_sm : 0;
-          DHISPARSE_CUDA_TRY(detail::verify::launch_wide<4>(r, stream, ctas, v.max_chunk));
+          cudaError_t const launched = v.unroll == 4 ? detail::verify::launch_wide<4, 4>(r, stream, ctas, v.max_chunk)
+                                                     : detail::verify::launch_wide<4, 8>(r, stream, ctas, v.max_chunk);
+          DHISPARSE_CUDA_TRY(launched);
         } else {
           DHISPARSE_CUDA_TRY(verify_async(r, stream));
         }
@@ -479,6 +489,7 @@ int main(int argc, char** argv)
       json.field("graph", v.graph ? 1.0 : 0.0);
       json.field("empty_batch", v.empty ? 1.0 : 0.0);
       json.field("ctas_per_sm", double(v.wide ? (v.ctas_per_sm > 0 ? v.ctas_per_sm : detail::verify::wide_ctas_per_sm) : 0));
+      json.field("loads_in_flight_per_thread", double(v.wide ? (v.unroll > 0 ? v.unroll : detail::verify::wide_unroll) : 0));
       json.field("median_ms", med_ms);
       json.field("mean_accepted_last_rep", mean_acc);
       json.field("bytes_read_mean", mean_bytes);

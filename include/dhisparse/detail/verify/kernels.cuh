@@ -1,7 +1,9 @@
 /**
  * @file detail/verify/kernels.cuh
  * @brief CUDA kernels of speculative verification: one CTA per request, or (sm_90+) a
- *        cluster of `verify_cluster_ctas` CTAs per request that split every row pass.
+ *        cluster of `verify_cluster_ctas` CTAs per request that split every row pass; and
+ *        the launcher, which sends greedy verification from p with a workspace down the
+ *        wide path (wide.cuh).
  *
  * A CTA walks its request's draft (chain or tree) exactly as `host::verify` does, with
  * every thread taking the same decisions from shared memory; in a cluster each CTA does,

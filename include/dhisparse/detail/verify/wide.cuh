@@ -51,9 +51,13 @@ inline constexpr int wide_ctas_per_sm = 4;
 #ifndef DHISPARSE_VERIFY_WIDE_CHUNK
 /// Longest chunk of a row one CTA argmaxes as one work item, in elements (a multiple of
 /// `wide_unit`); depths with few rows cut them shorter so that every CTA has an item.
-#define DHISPARSE_VERIFY_WIDE_CHUNK 16384
+#define DHISPARSE_VERIFY_WIDE_CHUNK 32768
 #endif
 inline constexpr int wide_max_chunk = DHISPARSE_VERIFY_WIDE_CHUNK;
+
+/// 16-byte loads in flight per thread of a depth launch (128 bytes: with 4 CTAs of 256
+/// threads, 128 KB per SM).
+inline constexpr int wide_unroll = 8;
 static_assert(wide_max_chunk >= wide_unit && wide_max_chunk % wide_unit == 0,
               "DHISPARSE_VERIFY_WIDE_CHUNK must be a positive multiple of 1024");
 
@@ -118,12 +122,13 @@ struct wide_split {
 };
 
 /// Elements [c0, c1) of a row: this thread's (largest value, smallest index), NaN skipped;
-/// whether it saw NaN. Every thread of the CTA reads `Vec`-wide vectors, `unroll` at once.
-template <int Vec>
+/// whether it saw NaN. Every thread of the CTA reads `Vec`-wide vectors: `Unroll` 16-byte
+/// loads at once, or 16 scalar loads (more would spill).
+template <int Vec, int Unroll>
 __device__ __forceinline__ bool chunk_argmax(float const* p, std::int64_t c0, std::int64_t c1, float& best,
                                              std::int32_t& arg)
 {
-  constexpr int unroll    = Vec == 4 ? 4 : 16;  // 64 bytes of loads in flight per thread
+  constexpr int unroll    = Vec == 4 ? Unroll : 16;
   constexpr int step      = block_threads * Vec;
   bool nan                = false;
   best                    = -__int_as_float(0x7F800000);
@@ -152,19 +157,38 @@ __device__ __forceinline__ bool chunk_argmax(float const* p, std::int64_t c0, st
   return nan;
 }
 
-/// The child of node `cur` of request b whose draft token is `t` (the first in sibling
-/// order), or -1; `request_block::walk_greedy`'s choice. The structure is valid (checked
-/// by the prologue); links to nodes past num_drafts are pruned as `load_structure` does.
-__device__ __forceinline__ int child_with_token(verify_params const& a, int b, int cur, std::int32_t t)
+/// What the decision about node `cur` of request b reads first: the request's count and,
+/// in a chain, the token of node cur + 1 (in a tree: node cur's first child, as stored).
+/// Loaded when a CTA starts an item of the row, so that the loads overlap the row's.
+struct node_links {
+  int n;              ///< nodes in play (num_drafts[b], or max_drafts)
+  std::int32_t next;  ///< chain: token of node cur + 1 (-1 past max_drafts); tree: first_child[cur]
+};
+
+__device__ __forceinline__ node_links load_links(verify_params const& a, int b, int cur)
 {
   int const d = a.max_drafts;
-  int const n = a.num_drafts ? a.num_drafts[b] : d;
+  node_links k;
+  k.n = a.num_drafts ? a.num_drafts[b] : d;
   if (a.topology == draft_topology::chain) {
-    return cur < n && a.draft_tokens[std::int64_t(b) * d + cur] == t ? cur + 1 : -1;
+    k.next = cur < d ? a.draft_tokens[std::int64_t(b) * d + cur] : -1;
+  } else {
+    k.next = a.first_child[std::int64_t(b) * (d + 1) + cur];
   }
-  std::int64_t const base = std::int64_t(b) * (d + 1);
-  auto link               = [&](std::int32_t v) { return v > n ? -1 : int(v); };
-  for (int c = link(a.first_child[base + cur]); c != -1; c = link(a.next_sibling[base + c])) {
+  return k;
+}
+
+/// The child of node `cur` of request b whose draft token is `t` (the first in sibling
+/// order), or -1; `request_block::walk_greedy`'s choice. `k`: `load_links(a, b, cur)`. The
+/// structure is valid (checked by the prologue); links to nodes past num_drafts are pruned
+/// as `load_structure` prunes them.
+__device__ __forceinline__ int child_with_token(verify_params const& a, int b, int cur, std::int32_t t,
+                                                node_links k)
+{
+  if (a.topology == draft_topology::chain) { return cur < k.n && k.next == t ? cur + 1 : -1; }
+  std::int64_t const base = std::int64_t(b) * (a.max_drafts + 1);
+  auto link               = [&](std::int32_t v) { return v > k.n ? -1 : int(v); };
+  for (int c = link(k.next); c != -1; c = link(a.next_sibling[base + c])) {
     if (a.draft_tokens[base + c] == t) { return c; }
   }
   return -1;
@@ -174,25 +198,22 @@ __device__ __forceinline__ int child_with_token(verify_params const& a, int b, i
  * @brief The outputs of request b whose walk ended at depth `depth` (`depth` accepted
  *        drafts, then the target's token t), or emptied when `flags` is not 0; what
  *        `request_block::write_outputs` writes after the same walk. The accepted path's
- *        entries before `depth` were written by the earlier depths. Every thread of the CTA
+ *        entries before `depth` were written by the earlier depths. Every lane of one warp
  *        takes part.
  */
 __device__ __forceinline__ void finish_request(verify_params const& a, int b, int depth, std::int32_t t,
                                                std::uint32_t flags)
 {
+  int const lane       = threadIdx.x & 31;
   bool const ok        = flags == 0;
   int const width      = a.max_drafts + 1;
   int const from       = ok ? depth : 0;
   std::int64_t const r = b;
-  for (int j = from + int(threadIdx.x); j < width; j += block_threads) {
-    a.emitted[r * width + j] = ok && j == depth ? t : -1;
-  }
+  for (int j = from + lane; j < width; j += 32) { a.emitted[r * width + j] = ok && j == depth ? t : -1; }
   if (a.accepted_nodes) {
-    for (int j = from + int(threadIdx.x); j < a.max_drafts; j += block_threads) {
-      a.accepted_nodes[r * a.max_drafts + j] = -1;
-    }
+    for (int j = from + lane; j < a.max_drafts; j += 32) { a.accepted_nodes[r * a.max_drafts + j] = -1; }
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     a.accepted[b]   = ok ? depth : 0;
     a.next_token[b] = ok ? t : -1;
     if (a.request_status) { a.request_status[b] = flags; }
@@ -240,34 +261,38 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads) wide_prologue_kernel(veri
  *        (`wide_split`), the items spread over the grid. The CTA that completes a row
  *        appends the accepted child to depth + 1 (clearing that row's key and counter) or
  *        writes the request's outputs.
+ *
+ * One barrier per item: the warps' results go to a table of two halves, used by
+ * alternate items; after the barrier warp 0 alone merges the item into its row, decides
+ * and writes, while the other warps load their next item (they next meet warp 0 at the
+ * next item's barrier, so neither half is rewritten while it is read).
  */
-template <int Vec>
+template <int Vec, int Unroll>
 DHISPARSE_KERNEL void __launch_bounds__(block_threads, wide_ctas_per_sm)
   wide_argmax_kernel(verify_params a, layout l, wide_workspace w, int depth, int max_chunk)
 {
-  __shared__ float red_f[block_warps];
-  __shared__ std::int32_t red_i[block_warps];
-  __shared__ int last;           // this CTA completed the row
-  __shared__ int decided_child;  // the accepted child, or -1
-  __shared__ std::int32_t decided_token;
-  __shared__ std::uint32_t decided_flags;
+  __shared__ float red_f[2][block_warps];
+  __shared__ std::int32_t red_i[2][block_warps];
   int const rows = depth == 0 ? batch_of(a, false) : w.counts[depth];
   if (rows <= 0) { return; }
   wide_split const s       = wide_split::of(a.vocab, rows, int(gridDim.x), max_chunk);
   std::int64_t const items = std::int64_t(rows) * s.chunks;
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int half       = 0;
   for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     int const row   = int(item / s.chunks);
     int const chunk = int(item - std::int64_t(row) * s.chunks);
     int const slot  = w.slot(depth, row);
     int2 const e    = w.entries[slot];
     if (e.x < 0) { continue; }  // uniform: a request the prologue finished
-    int const b            = e.x;
-    std::int64_t const c0  = std::int64_t(chunk) * s.length;
-    std::int64_t const c1  = min(c0 + s.length, std::int64_t(a.vocab));
-    float best             = 0.f;
-    std::int32_t arg       = 0;
-    bool const nan         = chunk_argmax<Vec>(a.p + b * l.p_request + e.y * l.p_row, c0, c1, best, arg);
+    int const b           = e.x;
+    std::int64_t const c0 = std::int64_t(chunk) * s.length;
+    std::int64_t const c1 = min(c0 + s.length, std::int64_t(a.vocab));
+    node_links links{};
+    if (threadIdx.x == 0) { links = load_links(a, b, e.y); }  // in flight with the row's loads
+    float best       = 0.f;
+    std::int32_t arg = 0;
+    bool const nan   = chunk_argmax<Vec, Unroll>(a.p + b * l.p_request + e.y * l.p_row, c0, c1, best, arg);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       float const ob        = __shfl_xor_sync(0xFFFFFFFFu, best, off);
@@ -278,45 +303,53 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads, wide_ctas_per_sm)
       }
     }
     if (lane == 0) {
-      red_f[warp] = best;
-      red_i[warp] = arg;
+      red_f[half][warp] = best;
+      red_i[half][warp] = arg;
     }
     bool const any_nan = __syncthreads_or(nan) != 0;
-    if (threadIdx.x == 0) {
-      for (int o = 1; o < block_warps; ++o) {
-        if (red_f[o] > best || (red_f[o] == best && red_i[o] < arg)) {
-          best = red_f[o];
-          arg  = red_i[o];
+    if (warp == 0) {
+      int last                = 0;
+      std::int32_t token      = -1;
+      int child               = -1;
+      std::uint32_t row_flags = 0;
+      if (lane == 0) {
+        for (int o = 1; o < block_warps; ++o) {
+          if (red_f[half][o] > best || (red_f[half][o] == best && red_i[half][o] < arg)) {
+            best = red_f[half][o];
+            arg  = red_i[half][o];
+          }
+        }
+        unsigned long long const key = argmax_key(best, arg);
+        if (key != 0) { atomicMax(&w.keys[slot], key); }
+        __threadfence();  // the key is merged before the row's counter says so
+        unsigned long long const add  = 1ull + (any_nan ? 1ull << 32 : 0ull);
+        unsigned long long const done = atomicAdd(&w.progress[slot], add) + add;
+        last                          = int(done & 0xFFFFFFFFull) == s.chunks;
+        if (last) {
+          __threadfence();  // every other chunk's key before this read
+          token     = argmax_index(atomicOr(&w.keys[slot], 0ull));
+          row_flags = (done >> 32) != 0 ? verify_status::p_not_finite : 0u;
+          child     = row_flags == 0 && token >= 0 ? child_with_token(a, b, e.y, token, links) : -1;
         }
       }
-      unsigned long long const key = argmax_key(best, arg);
-      if (key != 0) { atomicMax(&w.keys[slot], key); }
-      __threadfence();  // the key is merged before the row's counter says so
-      unsigned long long const done =
-        atomicAdd(&w.progress[slot], 1ull + (any_nan ? 1ull << 32 : 0ull)) + 1ull + (any_nan ? 1ull << 32 : 0ull);
-      last = int(done & 0xFFFFFFFFull) == s.chunks;
-      if (last) {
-        __threadfence();  // every other chunk's key before this read
-        std::int32_t const t = argmax_index(atomicOr(&w.keys[slot], 0ull));
-        decided_flags        = (done >> 32) != 0 ? verify_status::p_not_finite : 0u;
-        decided_token        = t;
-        decided_child        = decided_flags == 0 && t >= 0 ? child_with_token(a, b, e.y, t) : -1;
+      if (__shfl_sync(0xFFFFFFFFu, last, 0)) {
+        token     = __shfl_sync(0xFFFFFFFFu, token, 0);
+        child     = __shfl_sync(0xFFFFFFFFu, child, 0);
+        row_flags = __shfl_sync(0xFFFFFFFFu, row_flags, 0);
+        if (child < 0) {
+          finish_request(a, b, depth, token, row_flags);
+        } else if (lane == 0) {
+          a.emitted[std::int64_t(b) * (a.max_drafts + 1) + depth] = token;
+          if (a.accepted_nodes) { a.accepted_nodes[std::int64_t(b) * a.max_drafts + depth] = child; }
+          int const next        = atomicAdd(&w.counts[depth + 1], 1);  // child ≤ num_drafts: depth + 1 ≤ max_drafts
+          int const next_slot   = w.slot(depth + 1, next);
+          w.entries[next_slot]  = int2{b, child};
+          w.keys[next_slot]     = 0;
+          w.progress[next_slot] = 0;
+        }
       }
     }
-    __syncthreads();
-    if (!last) { continue; }
-    int const child = decided_child;
-    if (child < 0) {
-      finish_request(a, b, depth, decided_token, decided_flags);
-    } else if (threadIdx.x == 0) {
-      a.emitted[std::int64_t(b) * (a.max_drafts + 1) + depth] = decided_token;
-      if (a.accepted_nodes) { a.accepted_nodes[std::int64_t(b) * a.max_drafts + depth] = child; }
-      int const next        = atomicAdd(&w.counts[depth + 1], 1);  // child ≤ num_drafts: depth + 1 ≤ max_drafts
-      int const next_slot   = w.slot(depth + 1, next);
-      w.entries[next_slot]  = int2{b, child};
-      w.keys[next_slot]     = 0;
-      w.progress[next_slot] = 0;
-    }
+    half ^= 1;
   }
 }
 
@@ -349,9 +382,10 @@ inline int wide_ctas()
  * @brief Launches the wide greedy path (the call must be greedy from p with a workspace):
  *        the prologue, then one launch per depth 0 … max_drafts, each of `ctas` CTAs (0:
  *        `wide_ctas()`), with chunks of at most `max_chunk` elements (a multiple of
- *        `wide_unit`).
+ *        `wide_unit`) and `Unroll` loads in flight per thread. `verify_async` uses the
+ *        defaults; the others are for measurements (bench/verify).
  */
-template <int Vec>
+template <int Vec, int Unroll = wide_unroll>
 cudaError_t launch_wide(verify_params const& a, cudaStream_t stream, int ctas = 0,
                         int max_chunk = wide_max_chunk)
 {
@@ -362,7 +396,7 @@ cudaError_t launch_wide(verify_params const& a, cudaStream_t stream, int ctas = 
   wide_prologue_kernel<Vec><<<a.capacity, block_threads, 0, stream>>>(a, l, w);
   cudaError_t status = check_launch(stream);
   for (int depth = 0; depth <= a.max_drafts && status == cudaSuccess; ++depth) {
-    wide_argmax_kernel<Vec><<<ctas, block_threads, 0, stream>>>(a, l, w, depth, max_chunk);
+    wide_argmax_kernel<Vec, Unroll><<<ctas, block_threads, 0, stream>>>(a, l, w, depth, max_chunk);
     status = check_launch(stream);
   }
   return status;
