@@ -92,7 +92,8 @@ struct verify_params {
   bool validate_all   = false;  ///< also read and check every row a request could use
 
   /// CTAs per request (CUDA only; the outputs are the same for every choice): 0 = the
-  /// launcher's choice (a cluster of `verify_cluster_ctas` where the device and the build
+  /// launcher's choice (the wide greedy path where a `workspace` is given and a greedy rule
+  /// reads p; else a cluster of `verify_cluster_ctas` where the device and the build
   /// support clusters and a greedy rule reads full rows, else 1); 1 = one CTA walks each request;
   /// `verify_cluster_ctas` = a cluster splits each row pass (`verify_async` returns
   /// `cudaErrorNotSupported` where clusters are not available).
