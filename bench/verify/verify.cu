@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -296,21 +297,75 @@ int main(int argc, char** argv)
   json.set("hbm_copy_gbps", copy_gbps);
   json.set("hbm_read_gbps", read_gbps);
 
-  // Kernel shapes: one CTA per request, and a cluster per request where the device has them.
-  std::vector<int> shapes{1};
+  // Kernel shapes: one CTA per request, a cluster per request where the device has them, and
+  // for greedy rules the wide path (a workspace). DHISPARSE_VERIFY_SWEEP=1 adds the wide
+  // path's longest chunk swept, graph replays, and the fixed cost of a call with an empty batch.
+  bool cluster_device = false;
   {
     int device = 0, major = 0;
     DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
     DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (major >= 9) { shapes.push_back(verify_cluster_ctas); }
+    cluster_device = major >= 9;
   }
+  bool const sweep = std::getenv("DHISPARSE_VERIFY_SWEEP") != nullptr;
+  struct variant {
+    std::string label;
+    int ctas       = 1;      ///< ctas_per_request (the wide path: 0)
+    bool wide      = false;  ///< with a workspace
+    int max_chunk  = 0;      ///< wide: the longest chunk (0: the library's default)
+    bool graph     = false;  ///< timed as replays of a captured graph
+    bool empty     = false;  ///< device batch size 0 (the call's fixed cost)
+    int ctas_per_sm = 0;     ///< wide: CTAs per SM of a depth launch (0: the library's)
+    int unroll      = 0;     ///< wide: 16-byte loads in flight per thread, 4 or 8 (0: the library's)
+  };
+  std::size_t const ws_bytes = [&] {
+    verify_params shape;
+    shape.capacity   = B;
+    shape.max_drafts = d;
+    return verify_workspace_bytes(shape);
+  }();
+  void* workspace = nullptr;
+  std::int32_t* zero_batch = nullptr;
+  DHISPARSE_CUDA_TRY(cudaMalloc(&workspace, ws_bytes));
+  DHISPARSE_CUDA_TRY(cudaMalloc(&zero_batch, sizeof(std::int32_t)));
+  DHISPARSE_CUDA_TRY(cudaMemset(zero_batch, 0, sizeof(std::int32_t)));
+  std::printf("wide greedy path: workspace %zu bytes, longest chunk %d elements, %d CTAs per depth, %d B of loads "
+              "in flight per thread\n",
+              ws_bytes, detail::verify::wide_max_chunk, detail::verify::wide_ctas(), 16 * detail::verify::wide_unroll);
 
-  std::printf("\n%-40s %9s %9s %10s %10s %9s %9s %11s\n", "configuration", "time ms", "accepted", "read MB",
+  std::printf("\n%-48s %9s %9s %10s %10s %9s %9s %11s\n", "configuration", "time ms", "accepted", "read MB",
               "read GB/s", "of copy", "of read", "p+q MB");
   for (config const& c : configs) {
-    for (int const ctas : shapes) {
-      std::string const name =
-        std::string(c.name) + (ctas == 1 ? " [1 CTA]" : " [cluster " + std::to_string(ctas) + "]");
+    bool const greedy = c.rule == verify_rule::greedy;
+    std::vector<variant> variants{{"1 CTA", 1}};
+    if (cluster_device) { variants.push_back({"cluster " + std::to_string(verify_cluster_ctas), verify_cluster_ctas}); }
+    if (greedy) {
+      variants.push_back({"wide", 0, true});
+      if (sweep) {
+        for (int const chunk : {8192, 16384, 32768, 65536}) {
+          variants.push_back({"wide, chunk <= " + std::to_string(chunk / 1024) + "K", 0, true, chunk});
+        }
+        for (int const unroll : {4, 8}) {
+          variant w{"wide, " + std::to_string(unroll * 16) + " B in flight per thread", 0, true,
+                    detail::verify::wide_max_chunk};
+          w.unroll = unroll;
+          variants.push_back(w);
+        }
+        {
+          variant w{"wide, 8 CTAs/SM", 0, true, detail::verify::wide_max_chunk};
+          w.ctas_per_sm = 8;
+          variants.push_back(w);
+        }
+        if (cluster_device) {
+          variants.push_back({"cluster " + std::to_string(verify_cluster_ctas) + ", graph", verify_cluster_ctas, false, 0, true});
+        }
+        variants.push_back({"wide, graph", 0, true, 0, true});
+        variants.push_back({"wide, batch 0", 0, true, 0, false, true});
+        variants.push_back({"wide, batch 0, graph", 0, true, 0, true, true});
+      }
+    }
+    for (variant const& v : variants) {
+      std::string const name = std::string(c.name) + " [" + v.label + "]";
       bool const tree = c.topo == draft_topology::tree;
       bool const cand = c.dist == draft_distribution::candidates;
       verify_params a;
@@ -334,7 +389,12 @@ int main(int argc, char** argv)
       a.emitted          = emitted;
       a.next_token       = next;
       a.status           = status;
-      a.ctas_per_request = ctas;
+      a.ctas_per_request = v.ctas;
+      if (v.wide) {
+        a.workspace       = workspace;
+        a.workspace_bytes = ws_bytes;
+      }
+      if (v.empty) { a.batch_size = zero_batch; }
       std::int32_t* chain_cids = nullptr;
       float* chain_cprobs      = nullptr;
       if (cand && !tree) {
@@ -354,23 +414,56 @@ int main(int argc, char** argv)
       a.rng                     = rng;  // checked here; each repetition uses its own offset below
       a.bytes_read              = bytes;
       DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
-      auto ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
-        verify_params r = a;
-        r.rng           = rng + 2 * rep;
-        r.bytes_read    = bytes + rep;
-        DHISPARSE_CUDA_TRY(verify_async(r, stream));
-      });
+      // One call: verify_async, or for a chunk sweep the wide path's launcher itself with
+      // the status cleared as verify_async clears it.
+      auto call = [&](verify_params const& r) {
+        if (v.max_chunk > 0) {
+          DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
+          DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
+          int const ctas = v.ctas_per_sm > 0 ? detail::verify::wide_ctas() / detail::verify::wide_ctas_per_sm * v.ctas_per_sm : 0;
+          cudaError_t const launched = v.unroll == 4 ? detail::verify::launch_wide<4, 4>(r, stream, ctas, v.max_chunk)
+                                                     : detail::verify::launch_wide<4, 8>(r, stream, ctas, v.max_chunk);
+          DHISPARSE_CUDA_TRY(launched);
+        } else {
+          DHISPARSE_CUDA_TRY(verify_async(r, stream));
+        }
+      };
+      std::vector<double> ms;
+      std::vector<std::uint64_t> read(runs);
+      if (v.graph) {  // greedy draws no random numbers: one capture, its byte counter shared by the replays
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        call(a);  // warm (first-call queries) outside the capture
+        DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+        DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes, 0, sizeof(std::uint64_t), stream));
+        DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        call(a);
+        DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+        DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+        ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int) { DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream)); });
+        std::uint64_t total = 0;
+        DHISPARSE_CUDA_TRY(cudaMemcpy(&total, bytes, 8, cudaMemcpyDeviceToHost));
+        for (auto& x : read) { x = total / std::uint64_t(runs); }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      } else {
+        ms = bench::time_ms(stream, opt.warmup, opt.reps, [&](int rep) {
+          verify_params r = a;
+          r.rng           = rng + 2 * rep;
+          r.bytes_read    = bytes + rep;
+          call(r);
+        });
+        DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), bytes, runs * 8, cudaMemcpyDeviceToHost));
+      }
       std::uint32_t bits = 0;
       DHISPARSE_CUDA_TRY(cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost));
       if (bits != 0) {  // the synthetic inputs are valid: a status bit is a bug, reported and skipped
-        std::printf("%-40s status %#x: %s\n", name.c_str(), bits,
+        std::printf("%-48s status %#x: %s\n", name.c_str(), bits,
                     describe_status(bits, status_format::explained).c_str());
         cudaFree(chain_cids);
         cudaFree(chain_cprobs);
         continue;
       }
-      std::vector<std::uint64_t> read(runs);
-      DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), bytes, runs * 8, cudaMemcpyDeviceToHost));
       std::vector<std::int32_t> acc(B);
       DHISPARSE_CUDA_TRY(cudaMemcpy(acc.data(), accepted, B * 4, cudaMemcpyDeviceToHost));
       double mean_acc = 0;
@@ -385,11 +478,18 @@ int main(int argc, char** argv)
       double const med_ms = bench::median(ms), med_gbps = bench::median(gbps);
       double const rows_q = tree ? R : d;
       double const full   = double(B) * R * V * 4 + (c.dist == draft_distribution::dense ? double(B) * rows_q * V * 4 : 0);
-      std::printf("%-40s %9.4f %9.2f %10.1f %10.0f %8.1f%% %8.1f%% %11.0f\n", name.c_str(), med_ms, mean_acc,
+      std::printf("%-48s %9.4f %9.2f %10.1f %10.0f %8.1f%% %8.1f%% %11.0f\n", name.c_str(), med_ms, mean_acc,
                   mean_bytes / 1e6, med_gbps, 100 * med_gbps / copy_gbps, 100 * med_gbps / read_gbps, full / 1e6);
       json.add_record();
       json.field("configuration", c.name);
-      json.field("ctas_per_request", double(ctas));
+      json.field("variant", v.label);
+      json.field("ctas_per_request", double(v.ctas));
+      json.field("wide", v.wide ? 1.0 : 0.0);
+      json.field("max_chunk", double(v.wide ? (v.max_chunk > 0 ? v.max_chunk : detail::verify::wide_max_chunk) : 0));
+      json.field("graph", v.graph ? 1.0 : 0.0);
+      json.field("empty_batch", v.empty ? 1.0 : 0.0);
+      json.field("ctas_per_sm", double(v.wide ? (v.ctas_per_sm > 0 ? v.ctas_per_sm : detail::verify::wide_ctas_per_sm) : 0));
+      json.field("loads_in_flight_per_thread", double(v.wide ? (v.unroll > 0 ? v.unroll : detail::verify::wide_unroll) : 0));
       json.field("median_ms", med_ms);
       json.field("mean_accepted_last_rep", mean_acc);
       json.field("bytes_read_mean", mean_bytes);
@@ -406,7 +506,7 @@ int main(int argc, char** argv)
   json.write(opt.json_path);
   for (void* ptr : std::vector<void*>{p, q, cids, cprobs, chain_tokens, cand_chain_tokens, tree_tokens,
                                       cand_tree_tokens, d_fc, d_ns, d_tree_parent, d_chain_parent, rng, bytes,
-                                      accepted, emitted, next, status}) {
+                                      accepted, emitted, next, status, workspace, zero_batch}) {
     cudaFree(ptr);
   }
   cudaStreamDestroy(stream);

@@ -57,8 +57,13 @@ inline int vector_width(verify_params const& a);
  *
  * Clears `*a.status`, then runs one CTA per request (`a.capacity` CTAs), or on sm_90 and
  * later a cluster of `verify_cluster_ctas` CTAs per request that split every full-row pass
- * (`a.ctas_per_request` chooses; the outputs are the same). Requests at or past
- * `*a.batch_size` get empty outputs without reading their inputs.
+ * (`a.ctas_per_request` chooses; the outputs are the same). Greedy verification from p
+ * with a workspace (`a.workspace`, `verify_workspace_bytes`) and `a.ctas_per_request` = 0
+ * takes the wide greedy path instead: a prologue, then one launch per depth of the
+ * accepted paths (`a.max_drafts` + 1 launches) whose rows are argmaxed by the whole GPU at
+ * once — the same outputs, in less time where a few requests accept long paths
+ * (docs/verify.md). Requests at or past `*a.batch_size` get empty outputs without reading
+ * their inputs.
  *
  * @param a device pointers and shapes (see `verify_params`)
  * @param stream the stream to run on

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -91,11 +92,22 @@ struct verify_params {
   bool validate_all   = false;  ///< also read and check every row a request could use
 
   /// CTAs per request (CUDA only; the outputs are the same for every choice): 0 = the
-  /// launcher's choice (a cluster of `verify_cluster_ctas` where the device and the build
+  /// launcher's choice (the wide greedy path where a `workspace` is given and a greedy rule
+  /// reads p; else a cluster of `verify_cluster_ctas` where the device and the build
   /// support clusters and a greedy rule reads full rows, else 1); 1 = one CTA walks each request;
   /// `verify_cluster_ctas` = a cluster splits each row pass (`verify_async` returns
   /// `cudaErrorNotSupported` where clusters are not available).
   int ctas_per_request = 0;
+
+  /// Optional caller-owned device scratch, 16-byte aligned, of `workspace_bytes` ≥
+  /// `verify_workspace_bytes(*this)` bytes. With it, greedy verification from p (no
+  /// `target_tokens`, no `validate_all`) and `ctas_per_request` = 0 runs the wide greedy
+  /// path: the rows of every request at one depth of its accepted path are argmaxed
+  /// together by the whole GPU, one launch per depth (docs/verify.md); the outputs are the
+  /// same. Other calls ignore it. Nothing needs initializing (the call resets what it
+  /// uses, so a captured graph replays as is); one call at a time may use it.
+  void* workspace             = nullptr;
+  std::size_t workspace_bytes = 0;  ///< size of `workspace`
 
   std::int32_t* accepted        = nullptr;  ///< [B] number of accepted drafts
   std::int32_t* emitted         = nullptr;  ///< [B][d+1] accepted drafts, then the target's token, then -1
@@ -118,7 +130,44 @@ inline bool extent_fits(std::int64_t capacity, std::int64_t rows, std::int64_t s
   return stride <= most / n;
 }
 
+/**
+ * @brief Where the arrays of the wide greedy path lie in `verify_params::workspace`
+ *        (detail/verify/wide.cuh): byte offsets from its start, for `capacity` requests and
+ *        `max_drafts` drafts. Two of each per-row array: depth L uses set L mod 2 while
+ *        depth L + 1's rows are appended to the other.
+ */
+struct workspace_layout {
+  std::size_t keys;      ///< u64 [2][capacity]: packed argmax of each row of a depth so far
+  std::size_t progress;  ///< u64 [2][capacity]: chunks of the row done (low half), with NaN (high half)
+  std::size_t entries;   ///< int32 pairs [2][capacity]: (request, node) of each row of a depth
+  std::size_t counts;    ///< int32 [max_drafts + 1]: rows of depth L (L ≥ 1)
+  std::size_t bytes;     ///< total, a multiple of 16
+
+  DHISPARSE_HOST_DEVICE static workspace_layout of(int capacity, int max_drafts)
+  {
+    std::size_t const rows = 2 * std::size_t(capacity > 0 ? capacity : 0);
+    workspace_layout w{};
+    w.keys     = 0;
+    w.progress = w.keys + 8 * rows;
+    w.entries  = w.progress + 8 * rows;
+    w.counts   = w.entries + 8 * rows;
+    w.bytes    = (w.counts + 4 * (std::size_t(max_drafts > 0 ? max_drafts : 0) + 1) + 15) / 16 * 16;
+    return w;
+  }
+};
+
 }  // namespace detail::verify
+
+/**
+ * @brief Bytes of device scratch the wide greedy path needs for these shapes
+ *        (`verify_params::workspace`): 48 per request of `capacity`, plus 4 per draft; it
+ *        depends on `capacity` and `max_drafts` only, so one allocation serves every call of
+ *        that size. Calls that do not take the wide path ignore the workspace.
+ */
+inline std::size_t verify_workspace_bytes(verify_params const& a)
+{
+  return detail::verify::workspace_layout::of(a.capacity, a.max_drafts).bytes;
+}
 
 /**
  * @brief Checks the host-visible arguments (shapes, pointers, strides, tolerance) of a
@@ -197,6 +246,12 @@ inline std::string verify_params_problem(verify_params const& a)
   if (a.status == nullptr) { return bad("status is null"); }
   if (a.ctas_per_request != 0 && a.ctas_per_request != 1 && a.ctas_per_request != verify_cluster_ctas) {
     return bad("ctas_per_request is not 0, 1 or verify_cluster_ctas = 8");
+  }
+  if (a.workspace != nullptr) {
+    if (reinterpret_cast<std::uintptr_t>(a.workspace) % 16 != 0) { return bad("workspace is not 16-byte aligned"); }
+    if (a.workspace_bytes < verify_workspace_bytes(a)) {
+      return bad("workspace_bytes is smaller than verify_workspace_bytes(params)");
+    }
   }
   return {};
 }

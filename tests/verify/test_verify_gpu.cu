@@ -17,9 +17,13 @@ DHISPARSE_VERIFY_EXTERN();  // the kernels are compiled once, in verify_instanti
 #include <catch2/catch.hpp>
 #include <curand_kernel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace dhisparse;
@@ -38,14 +42,21 @@ bool device_has_clusters()
   return major >= 9;
 }
 
+/// Stands for the wide greedy path in the lists of kernel shapes: `ctas_per_request` 0 and
+/// a workspace (calls that are not greedy from p ignore it and take the default shape).
+constexpr int wide = -1;
+
 /// The kernel shapes every exactness test runs: one CTA per request, and where the device
 /// has clusters a cluster per request, asked for explicitly (so that a fallback to one CTA
-/// would fail the launch, not pass silently).
+/// would fail the launch, not pass silently); and the wide greedy path.
 std::vector<int> ctas_choices()
 {
-  if (device_has_clusters()) { return {1, verify_cluster_ctas}; }
-  return {1, 0};
+  if (device_has_clusters()) { return {1, verify_cluster_ctas, wide}; }
+  return {1, 0, wide};
 }
+
+/// A name for a kernel shape in test messages.
+std::string shape_name(int ctas) { return ctas == wide ? std::string("wide") : std::to_string(ctas) + " CTAs"; }
 
 /// A `verify_case` uploaded to the device, with device outputs.
 struct device_case {
@@ -55,6 +66,7 @@ struct device_case {
   device_vector<float> p, q, candidate_probs;
   device_vector<std::uint64_t> rng, bytes_read;
   device_vector<std::uint32_t> request_status, status;
+  device_vector<unsigned char> workspace;
 
   explicit device_case(test::verify_case const& c) : a{c.a}
   {
@@ -85,9 +97,27 @@ struct device_case {
     if (c.a.accepted_nodes == nullptr) { a.accepted_nodes = nullptr; }
   }
 
+  /// Kernel shape `ctas` (`ctas_per_request`, or `wide`: the launcher's choice with a
+  /// workspace of exactly `verify_workspace_bytes`).
+  void use(int ctas)
+  {
+    a.ctas_per_request = ctas == wide ? 0 : ctas;
+    if (ctas == wide) {
+      workspace         = device_vector<unsigned char>(verify_workspace_bytes(a));
+      a.workspace       = workspace.data();
+      a.workspace_bytes = workspace.size();
+    } else {
+      a.workspace       = nullptr;
+      a.workspace_bytes = 0;
+    }
+  }
+
   /// Every output byte set to 0x7F: int32 0x7F7F7F7F is no token, no count, no status.
+  /// The workspace, if any, gets 0xFF (every count -1, every key the largest): the call
+  /// must not depend on its contents.
   void poison()
   {
+    if (workspace.size()) { workspace.fill_bytes(0xFF); }
     accepted.fill_bytes(0x7F);
     emitted.fill_bytes(0x7F);
     next_token.fill_bytes(0x7F);
@@ -140,13 +170,23 @@ void require_same(test::verify_case const& host, test::verify_case const& dev)
 test::verify_case run_both(test::verify_case c, int ctas = 0)
 {
   device_case d(c);
-  d.a.ctas_per_request = ctas;
+  d.use(ctas);
   d.poison();
   d.run();
   test::verify_case const dev = d.download(c);
   host::verify(c.a, host::on_invalid_input::flag);
   require_same(c, dev);
   return c;
+}
+
+/// The device outputs of a case run with kernel shape `ctas` (no host comparison).
+test::verify_case run_device(test::verify_case const& c, int ctas)
+{
+  device_case d(c);
+  d.use(ctas);
+  d.poison();
+  d.run();
+  return d.download(c);
 }
 
 struct kind {
@@ -223,7 +263,7 @@ TEST_CASE("GPU verification equals the host reference on random problems", "[ver
       test::verify_case c = test::make_case(k.rule, k.topo, k.dist, small_run() ? 8 : 24, 6, s.V, 9, g, o);
       for (int const ctas : ctas_choices()) {
         INFO("V " << s.V << " rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist) << " ids "
-                  << k.ids << " ctas " << ctas);
+                  << k.ids << " " << shape_name(ctas));
         c.a.validate_all          = false;
         test::verify_case const r = run_both(c, ctas);
         CHECK(r.status[0] == 0);
@@ -242,7 +282,7 @@ TEST_CASE("GPU verification equals the host reference at full vocabulary size", 
     o.target_ids        = k.ids;
     test::verify_case c = test::make_case(k.rule, k.topo, k.dist, 6, 4, 151552, 32, g, o);
     for (int const ctas : ctas_choices()) {
-      INFO("rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist) << " ctas " << ctas);
+      INFO("rule " << int(k.rule) << " tree " << int(k.topo) << " q " << int(k.dist) << " " << shape_name(ctas));
       CHECK(run_both(c, ctas).status[0] == 0);
     }
   }
@@ -250,7 +290,7 @@ TEST_CASE("GPU verification equals the host reference at full vocabulary size", 
   test::verify_case c = test::make_case(verify_rule::sampling, draft_topology::chain, draft_distribution::dense,
                                         3, 2, 1100003, 0, g);
   for (int const ctas : ctas_choices()) {
-    INFO("ctas " << ctas);
+    INFO(shape_name(ctas));
     CHECK(run_both(c, ctas).status[0] == 0);
   }
 }
@@ -302,6 +342,9 @@ TEST_CASE("GPU input checks: status bits name the argument; nothing else is touc
         CHECK(dev.emitted_of(b) == ref.emitted_of(b));
         CHECK(dev.request_status[b] == 0);
       }
+      // The wide greedy path reads what the per-request kernels read: the same outputs,
+      // statuses and bytes, bit for bit (for other rules it is the same call).
+      require_same(dev, run_device(c, wide));
     }
   }
   CHECK(applied >= (small_run() ? 25 : 60));
@@ -319,6 +362,20 @@ TEST_CASE("GPU: device batch size beyond capacity is flagged and clamped; bad pa
   CHECK(r.status[0] == verify_status::bad_batch_size);
   CHECK(r.request_status[0] == 0);
 
+  // Greedy, on every kernel shape: too large a batch size, then a negative one (every
+  // request padding).
+  test::verify_case greedy = test::make_case(verify_rule::greedy, draft_topology::tree, draft_distribution::dense,
+                                             5, 3, 40, 0, g);
+  for (int const batch : {9, -2}) {
+    greedy.batch_size = {batch};
+    greedy.bind();
+    for (int const ctas : ctas_choices()) {
+      INFO("batch " << batch << " " << shape_name(ctas));
+      test::verify_case const gr = run_both(greedy, ctas);
+      CHECK(gr.status[0] == verify_status::bad_batch_size);
+    }
+  }
+
   device_case d(c);
   verify_params bad = d.a;
   bad.max_drafts    = max_verify_drafts + 1;
@@ -330,6 +387,15 @@ TEST_CASE("GPU: device batch size beyond capacity is flagged and clamped; bad pa
   bad                  = d.a;
   bad.ctas_per_request = 3;
   CHECK(verify_async(bad, nullptr) == cudaErrorInvalidValue);
+  d.use(wide);
+  bad = d.a;
+  bad.workspace_bytes -= 16;
+  CHECK(verify_async(bad, nullptr) == cudaErrorInvalidValue);
+  CHECK(verify_params_problem(bad).find("workspace_bytes") != std::string::npos);
+  bad           = d.a;
+  bad.workspace = static_cast<unsigned char*>(bad.workspace) + 8;
+  CHECK(verify_async(bad, nullptr) == cudaErrorInvalidValue);
+  CHECK(verify_params_problem(bad).find("aligned") != std::string::npos);
 }
 
 TEST_CASE("GPU: a cluster per request is run exactly where the device has clusters", "[verify][small]")
@@ -347,6 +413,303 @@ TEST_CASE("GPU: a cluster per request is run exactly where the device has cluste
     CHECK(launched == cudaErrorNotSupported);
     cudaGetLastError();
   }
+}
+
+namespace {
+
+/// The host reference's argmax of a row: largest value, smallest index among ties, NaN
+/// skipped; -1 when every element is NaN.
+std::int32_t row_argmax(float const* row, int V)
+{
+  float best       = -std::numeric_limits<float>::infinity();
+  std::int32_t arg = -1;
+  for (int i = 0; i < V; ++i) {
+    if (row[i] != row[i]) { continue; }
+    if (arg < 0 || row[i] > best) {
+      best = row[i];
+      arg  = i;
+    }
+  }
+  return arg;
+}
+
+/// A token other than `t` (for a draft the target must reject).
+std::int32_t other_than(std::int32_t t, int V) { return (t + 1 + V) % V; }
+
+/// A greedy case whose every request b accepts exactly `accept[b]` drafts (at most its
+/// count): chain drafts carry their row's argmax up to there, the next one does not. In a
+/// tree (two spines: nodes 1, 3, 5, … and 2, 4, 6, … under the root) the path is the
+/// second spine, so the root's first child is always rejected (sibling order).
+test::verify_case accepting_case(draft_topology topo, int d, int V, std::vector<int> const& accept,
+                                 std::mt19937_64& g, int padding = 0)
+{
+  int const B = int(accept.size());
+  test::case_options o;
+  o.vary_drafts       = false;
+  o.padding           = padding;
+  test::verify_case c = test::make_case(verify_rule::greedy, topo, draft_distribution::dense, B, d, V, 0, g, o);
+  bool const tree = topo == draft_topology::tree;
+  for (int b = 0; b < B; ++b) {
+    if (tree) {
+      std::int32_t* fc = c.first_child.data() + std::size_t(b) * (d + 1);
+      std::int32_t* ns = c.next_sibling.data() + std::size_t(b) * (d + 1);
+      for (int m = 0; m <= d; ++m) {
+        fc[m] = m + 2 <= d ? m + 2 : -1;  // node m's child: m + 2 (the root's: 1, then 2)
+        ns[m] = -1;
+      }
+      fc[0] = 1;
+      if (d >= 2) { ns[1] = 2; }
+    }
+    // Path: chain 1, 2, 3, …; tree 2, 4, 6, … (parent of node m: m − 1, or m − 2 in a tree).
+    auto parent = [&](int m) { return tree ? (m <= 2 ? 0 : m - 2) : m - 1; };
+    for (int m = 1; m <= d; ++m) {
+      c.token(b, m) = other_than(row_argmax(c.p_row(b, parent(m)), V), V);
+    }
+    int node = 0;
+    for (int k = 1; k <= accept[b]; ++k) {
+      int const next = tree ? 2 * k : k;
+      if (next > d) { break; }
+      c.token(b, next) = row_argmax(c.p_row(b, node), V);
+      node             = next;
+    }
+  }
+  c.bind();
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("GPU wide greedy path: one long accepted path among requests that accept nothing", "[verify][small]")
+{
+  auto g      = test::seeded_engine("wide long path");
+  int const d = small_run() ? 8 : 16;
+  for (int const V : small_run() ? std::vector<int>{20484} : std::vector<int>{151552, 20483}) {
+    for (auto topo : {draft_topology::chain, draft_topology::tree}) {
+      int const deepest = topo == draft_topology::tree ? d / 2 : d;
+      std::vector<int> accept(small_run() ? 12 : 40, 0);
+      accept[5]                 = deepest;  // the whole path
+      accept[accept.size() - 1] = 2;
+      test::verify_case c = accepting_case(topo, d, V, accept, g);
+      for (int const ctas : ctas_choices()) {
+        INFO("V " << V << " tree " << int(topo) << " " << shape_name(ctas));
+        test::verify_case const r = run_both(c, ctas);
+        CHECK(r.status[0] == 0);
+        CHECK(r.accepted[5] == deepest);
+        CHECK(r.accepted[0] == 0);
+        CHECK(r.accepted[accept.size() - 1] == 2);
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU wide greedy path: every greedy case, with and without num_drafts and padding", "[verify][small]")
+{
+  auto g = test::seeded_engine("wide greedy");
+  struct shape {
+    int V, row_pad, padding;
+  };
+  std::vector<shape> shapes{{37, 0, 0}, {1000, 4, 2}, {4097, 0, 3}, {40000, 3, 1}, {151552, 0, 2}};
+  if (small_run()) { shapes = {{37, 0, 1}, {4097, 0, 3}, {5000, 4, 2}}; }
+  for (shape const s : shapes) {
+    for (auto topo : {draft_topology::chain, draft_topology::tree}) {
+      for (bool const counts : {true, false}) {
+        for (bool const logits : {false, true}) {
+          test::case_options o;
+          o.padding           = s.padding;
+          o.row_pad           = s.row_pad;
+          int const batch     = s.V > 100000 ? 24 : (small_run() ? 10 : 48);
+          test::verify_case c = test::make_case(verify_rule::greedy, topo, draft_distribution::dense, batch, 7, s.V,
+                                                0, g, o);
+          if (logits) {  // arbitrary values with ties at the top (a few levels only)
+            std::uniform_int_distribution<int> level(-6, 2);
+            for (int b = 0; b < batch; ++b) {
+              for (int r = 0; r <= 7; ++r) {
+                float* row = c.p_row(b, r);
+                for (int i = 0; i < s.V; ++i) { row[i] = float(level(g)); }
+              }
+            }
+            for (int b = 0; b < batch; ++b) {
+              std::vector<int> parent(8, 0);
+              if (topo == draft_topology::tree) {
+                std::int32_t const* fc = c.first_child.data() + std::size_t(b) * 8;
+                std::int32_t const* ns = c.next_sibling.data() + std::size_t(b) * 8;
+                for (int m = 0; m <= 7; ++m) {
+                  for (int k = fc[m]; k != -1; k = ns[k]) { parent[k] = m; }
+                }
+              } else {
+                for (int m = 1; m <= 7; ++m) { parent[m] = m - 1; }
+              }
+              for (int m = 1; m <= 7; ++m) {
+                std::int32_t const t = row_argmax(c.p_row(b, parent[m]), s.V);
+                c.token(b, m)        = std::uniform_real_distribution<double>(0, 1)(g) < 0.6 ? t : other_than(t, s.V);
+              }
+            }
+          }
+          if (!counts) { c.num_drafts.clear(); }
+          c.bind();
+          INFO("V " << s.V << " tree " << int(topo) << " num_drafts " << counts << " logits " << logits);
+          test::verify_case const r = run_both(c, wide);
+          CHECK(r.status[0] == 0);
+          require_same(r, run_device(c, 1));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU wide greedy path: argmax ties, signed zeros, infinities, denormals and NaN", "[verify][small]")
+{
+  auto g          = test::seeded_engine("wide argmax");
+  float const nan = std::numeric_limits<float>::quiet_NaN();
+  // Row patterns; each request's rows are drafted along so that every row is visited.
+  using pattern = void (*)(float*, int, std::mt19937_64&);
+  std::vector<std::pair<char const*, pattern>> const patterns = {
+    {"ties across chunks",
+     [](float* r, int V, std::mt19937_64& g) {
+       std::uniform_real_distribution<float> u(-1.f, 0.f);
+       for (int i = 0; i < V; ++i) { r[i] = u(g); }
+       for (int i : {V - 1, V / 2, 3 * 1024 + 7, 1024, 1023}) {
+         if (i < V) { r[i] = 5.f; }
+       }
+     }},
+    {"all -inf", [](float* r, int V, std::mt19937_64&) { std::fill(r, r + V, -std::numeric_limits<float>::infinity()); }},
+    {"-0 before +0",
+     [](float* r, int V, std::mt19937_64&) {
+       std::fill(r, r + V, -1.f);
+       r[V / 3]     = -0.f;
+       r[V / 3 + 1] = 0.f;
+       r[V - 2]     = 0.f;
+     }},
+    {"zeros of both signs",
+     [](float* r, int V, std::mt19937_64&) {
+       std::fill(r, r + V, -2.f);
+       r[1500 % V] = 0.f;
+       r[V - 1]    = -0.f;
+       r[2]        = -0.f;
+     }},
+    {"+inf twice",
+     [](float* r, int V, std::mt19937_64& g) {
+       std::uniform_real_distribution<float> u(-3.f, 3.f);
+       for (int i = 0; i < V; ++i) { r[i] = u(g); }
+       r[V - 5]     = std::numeric_limits<float>::infinity();
+       r[V / 2 + 1] = std::numeric_limits<float>::infinity();
+     }},
+    {"a denormal above zeros",
+     [](float* r, int V, std::mt19937_64&) {
+       std::fill(r, r + V, 0.f);
+       r[V - 3] = std::numeric_limits<float>::denorm_min() * 5;
+       r[0]     = -std::numeric_limits<float>::denorm_min();
+     }},
+    {"-inf and the lowest float",
+     [](float* r, int V, std::mt19937_64&) {
+       std::fill(r, r + V, -std::numeric_limits<float>::infinity());
+       r[V - 7] = std::numeric_limits<float>::lowest();
+     }},
+  };
+  int const d = 4;
+  for (int const V : small_run() ? std::vector<int>{20484, 20483} : std::vector<int>{151552, 20484, 20483, 3001}) {
+    for (auto topo : {draft_topology::chain, draft_topology::tree}) {
+      int const B = 12;
+      std::vector<int> accept(B, d);  // every row of the path read
+      test::verify_case c = accepting_case(topo, d, V, accept, g);
+      auto parent         = [&](int m) { return topo == draft_topology::tree ? (m <= 2 ? 0 : m - 2) : m - 1; };
+      for (int b = 0; b < B; ++b) {
+        for (int r = 0; r <= d; ++r) {
+          std::size_t const k = std::size_t(b * (d + 1) + r) % patterns.size();
+          patterns[k].second(c.p_row(b, r), V, g);
+        }
+        int node = 0;  // redraft along the path for the new rows
+        for (int m = 1; m <= d; ++m) { c.token(b, m) = other_than(row_argmax(c.p_row(b, parent(m)), V), V); }
+        for (int k = 1;; ++k) {
+          int const next = topo == draft_topology::tree ? 2 * k : k;
+          if (next > d) { break; }
+          c.token(b, next) = row_argmax(c.p_row(b, node), V);
+          node             = next;
+        }
+      }
+      // NaN on a visited row (request 3, row 1: flagged, emptied); every element NaN
+      // (request 4, row 0); NaN in a row no walk reaches (request 6 stops at the root and
+      // has NaN in its last row: not read, not flagged by the kernels).
+      int const row3 = topo == draft_topology::tree ? 2 : 1;
+      c.p_row(3, row3)[V / 2] = nan;
+      std::fill(c.p_row(4, 0), c.p_row(4, 0) + V, nan);
+      c.token(6, topo == draft_topology::tree ? 2 : 1) = other_than(row_argmax(c.p_row(6, 0), V), V);
+      c.p_row(6, d)[7]                                 = nan;
+      c.bind();
+      std::vector<test::verify_case> outs;
+      for (int const ctas : ctas_choices()) {
+        INFO("V " << V << " tree " << int(topo) << " " << shape_name(ctas));
+        outs.push_back(run_device(c, ctas));
+        test::verify_case const& r = outs.back();
+        CHECK(r.request_status[3] == verify_status::p_not_finite);
+        CHECK(r.request_status[4] == verify_status::p_not_finite);
+        CHECK(r.request_status[6] == 0);
+        CHECK(r.accepted[6] == 0);
+        CHECK(r.emitted_of(3).empty());
+        require_same(outs.front(), r);
+      }
+      // The host reference (which checks every row for NaN) on the same case without the
+      // unread NaN: identical outputs.
+      c.p_row(6, d)[7] = 0.f;
+      c.bind();
+      for (int const ctas : ctas_choices()) {
+        INFO("V " << V << " tree " << int(topo) << " " << shape_name(ctas) << " against the host");
+        test::verify_case const r = run_both(c, ctas);
+        for (int b : {0, 1, 2, 5, 7}) { CHECK(r.accepted[b] == (topo == draft_topology::tree ? d / 2 : d)); }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU wide greedy path: a captured graph replays with a new batch each time", "[verify][small]")
+{
+  auto g            = test::seeded_engine("wide graph");
+  int const batch   = small_run() ? 12 : 64;
+  int const padding = 3;
+  test::case_options o;
+  o.padding                     = padding;
+  test::verify_case const first = test::make_case(verify_rule::greedy, draft_topology::tree, draft_distribution::dense,
+                                                  batch, 6, 5000, 0, g, o);
+  device_case d(first);
+  d.use(wide);
+  cudaStream_t stream;
+  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  DHISPARSE_CUDA_TRY(verify_async(d.a, stream));
+  DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+  DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    // A new problem of the same shapes in the same buffers, and a new batch size.
+    test::verify_case c = replay == 0 ? first
+                                      : test::make_case(verify_rule::greedy, draft_topology::tree,
+                                                        draft_distribution::dense, batch, 6, 5000, 0, g, o);
+    if (replay == 3) {  // one long path (the whole second spine of request 1), the rest reject
+      std::vector<int> accept(batch, 0);
+      accept[1] = 3;
+      c         = accepting_case(draft_topology::tree, 6, 5000, accept, g, padding);
+    }
+    c.batch_size = {batch - 2 * replay};
+    c.bind();
+    d.batch_size.upload(c.batch_size);
+    d.num_drafts.upload(c.num_drafts);
+    d.draft_tokens.upload(c.draft_tokens);
+    d.first_child.upload(c.first_child);
+    d.next_sibling.upload(c.next_sibling);
+    d.p.upload(c.p);
+    d.poison();
+    DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    INFO("replay " << replay);
+    test::verify_case const dev = d.download(c);
+    host::verify(c.a, host::on_invalid_input::flag);
+    require_same(c, dev);
+    if (replay == 3) { CHECK(dev.accepted[1] == 3); }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("GPU sampling is deterministic; a captured graph replays with a new offset", "[verify][small]")

@@ -445,6 +445,16 @@ TEST_CASE("bad shapes and batch sizes are refused with the argument named", "[ve
   CHECK(refused_with(a, "status"));
   a = c.a, a.distribution = draft_distribution::candidates, a.num_candidates = 0;
   CHECK(refused_with(a, "num_candidates"));
+  // The wide greedy path's workspace: 16-byte aligned, at least verify_workspace_bytes.
+  alignas(16) static unsigned char scratch[4096];
+  a = c.a, a.workspace = scratch, a.workspace_bytes = verify_workspace_bytes(a);
+  CHECK(verify_params_problem(a).empty());
+  CHECK(verify_workspace_bytes(a) % 16 == 0);
+  CHECK(verify_workspace_bytes(a) >= 48u * std::size_t(a.capacity) + 4u * std::size_t(a.max_drafts + 1));
+  a.workspace_bytes -= 1;
+  CHECK(refused_with(a, "workspace_bytes"));
+  a = c.a, a.workspace = scratch + 8, a.workspace_bytes = sizeof scratch - 8;
+  CHECK(refused_with(a, "aligned"));
   c.batch_size = {4};
   c.bind();
   CHECK(refused_with(c.a, "batch_size"));

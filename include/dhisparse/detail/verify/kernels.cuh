@@ -1,7 +1,9 @@
 /**
  * @file detail/verify/kernels.cuh
  * @brief CUDA kernels of speculative verification: one CTA per request, or (sm_90+) a
- *        cluster of `verify_cluster_ctas` CTAs per request that split every row pass.
+ *        cluster of `verify_cluster_ctas` CTAs per request that split every row pass; and
+ *        the launcher, which sends greedy verification from p with a workspace down the
+ *        wide path (wide.cuh).
  *
  * A CTA walks its request's draft (chain or tree) exactly as `host::verify` does, with
  * every thread taking the same decisions from shared memory; in a cluster each CTA does,
@@ -19,6 +21,7 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/request_block.cuh>
+#include <dhisparse/detail/verify/wide.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
@@ -36,11 +39,7 @@ template <int Vec, int Ctas>
 DHISPARSE_KERNEL void __launch_bounds__(block_threads, 4) verify_kernel(verify_params a, layout l)
 {
   __shared__ shared_state sh;
-  int batch = a.batch_size ? *a.batch_size : a.capacity;
-  if (batch < 0 || batch > a.capacity) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) { atomicOr(a.status, verify_status::bad_batch_size); }
-    batch = batch < 0 ? 0 : a.capacity;
-  }
+  int const batch = batch_of(a, blockIdx.x == 0 && threadIdx.x == 0);
   int const b = int(blockIdx.x) / Ctas;  // a cluster is Ctas consecutive CTAs
   request_block<Vec, Ctas> r(a, l, sh, b, cluster_rank<Ctas>());
   if (b >= batch) {
@@ -79,17 +78,28 @@ bool clusters_available()
   return known == 2;
 }
 
-/// Launches the verification kernel with `Vec`-wide loads (see `vector_width`) and
-/// `a.ctas_per_request` CTAs per request. The default (0) is a cluster where
-/// `clusters_available` for greedy verification that reads full rows (an argmax per
-/// accepted position, one row after another: the cluster shortens the longest chains,
-/// 0.49 → 0.34 ms on the H200 at B = 512, d = 8), one CTA otherwise: sampling rules read
-/// fewer rows per request and lose more to the cluster's barriers and repeated per-request
-/// work than they gain (dense q 0.25 → 0.55 ms, candidate q 0.20 → 0.74 ms; docs/verify.md).
+/// True when the call takes the wide greedy path (wide.cuh): greedy from p, no
+/// `validate_all`, a workspace, and the launcher's choice of kernel shape.
+inline bool uses_wide_path(verify_params const& a)
+{
+  return a.rule == verify_rule::greedy && a.target_tokens == nullptr && !a.validate_all &&
+         a.workspace != nullptr && a.ctas_per_request == 0;
+}
+
+/// Launches the verification kernels with `Vec`-wide loads (see `vector_width`). With a
+/// workspace, greedy verification from p takes the wide path (`uses_wide_path`,
+/// `launch_wide`); otherwise `a.ctas_per_request` CTAs per request. The default (0) is a
+/// cluster where `clusters_available` for greedy verification that reads full rows (an
+/// argmax per accepted position, one row after another: the cluster shortens the longest
+/// chains, 0.49 → 0.34 ms on the H200 at B = 512, d = 8), one CTA otherwise: sampling
+/// rules read fewer rows per request and lose more to the cluster's barriers and repeated
+/// per-request work than they gain (dense q 0.25 → 0.55 ms, candidate q 0.20 → 0.74 ms;
+/// docs/verify.md).
 template <int Vec>
 cudaError_t launch(verify_params const& a, cudaStream_t stream)
 {
   if (a.capacity == 0) { return cudaSuccess; }
+  if (uses_wide_path(a) && wide_ctas() > 0) { return launch_wide<Vec>(a, stream); }
   bool const fits = a.capacity <= INT_MAX / verify_cluster_ctas;
   bool cluster    = a.ctas_per_request == verify_cluster_ctas;
   if (cluster && !(fits && clusters_available<Vec>())) { return cudaErrorNotSupported; }

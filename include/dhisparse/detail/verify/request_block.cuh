@@ -36,6 +36,18 @@ inline int vector_width(verify_params const& a)
   return ok ? 4 : 1;
 }
 
+/// The call's batch size, `*a.batch_size` clamped to [0, capacity] (nullptr: capacity);
+/// with `report`, an out-of-range value raises `bad_batch_size` in `*a.status`.
+__device__ __forceinline__ int batch_of(verify_params const& a, bool report)
+{
+  int batch = a.batch_size ? *a.batch_size : a.capacity;
+  if (batch < 0 || batch > a.capacity) {
+    if (report) { atomicOr(a.status, verify_status::bad_batch_size); }
+    batch = batch < 0 ? 0 : a.capacity;
+  }
+  return batch;
+}
+
 /**
  * @brief One request, walked by one CTA, or by each of the `Ctas` CTAs of its cluster
  *        (rank `rank`). Every thread runs the same control flow on values read from shared
@@ -57,13 +69,8 @@ class request_block {
   __device__ void run()
   {
     int const n = a_.num_drafts ? a_.num_drafts[b_] : a_.max_drafts;
-    if (threadIdx.x == 0) { sh_.flags = 0; }
-    __syncthreads();
-    int len = 0;
-    if (n < 0 || n > a_.max_drafts) {
-      if (threadIdx.x == 0) { raise(sh_, verify_status::bad_num_drafts); }
-    } else if (load_structure(n)) {
-      probe(n);
+    int len     = 0;
+    if (load_request(n)) {
       if (a_.validate_all) { validate_rows(n); }
       __syncthreads();
       bool const valid = request_flags<Ctas>(sh_) == 0;
@@ -81,7 +88,38 @@ class request_block {
     if (rank_ == 0) { write_outputs(0, 0, true); }
   }
 
+  /**
+   * @brief The wide greedy path's checks of this request before its first row (wide.cuh;
+   *        one CTA, `Ctas` = 1): the count, tree links and draft tokens, exactly as `run`
+   *        checks them before a greedy walk. Returns true (every thread) when the request
+   *        may be walked; otherwise writes its emptied outputs and status bits.
+   */
+  __device__ bool check_greedy()
+  {
+    int const n = a_.num_drafts ? a_.num_drafts[b_] : a_.max_drafts;
+    load_request(n);
+    __syncthreads();
+    std::uint32_t const flags = sh_.flags;
+    if (flags != 0) { write_outputs(0, flags, false); }
+    return flags == 0;
+  }
+
  private:
+  /// Clears the status bits, then checks the count `n`, loads the structure and probes
+  /// the drafted tokens. False (uniform) when the count or the tree links are unusable.
+  __device__ bool load_request(int n)
+  {
+    if (threadIdx.x == 0) { sh_.flags = 0; }
+    __syncthreads();
+    if (n < 0 || n > a_.max_drafts) {
+      if (threadIdx.x == 0) { raise(sh_, verify_status::bad_num_drafts); }
+      return false;
+    }
+    if (!load_structure(n)) { return false; }
+    probe(n);
+    return true;
+  }
+
   __device__ float const* p_row(int m) const { return a_.p + b_ * l_.p_request + m * l_.p_row; }
   __device__ float const* q_row(int m) const { return a_.q + b_ * l_.q_request + m * l_.q_row; }
   __device__ std::int64_t candidate_base(int m) const
