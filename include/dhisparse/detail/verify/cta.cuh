@@ -73,6 +73,20 @@ __device__ __forceinline__ float warp_sum(float v)
   return v;
 }
 
+/// (largest value, smallest index among ties) over the warp's lanes.
+__device__ __forceinline__ void warp_argmax(float& best, std::int32_t& arg)
+{
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    float const ob        = __shfl_xor_sync(0xFFFFFFFFu, best, off);
+    std::int32_t const oa = __shfl_xor_sync(0xFFFFFFFFu, arg, off);
+    if (ob > best || (ob == best && oa < arg)) {
+      best = ob;
+      arg  = oa;
+    }
+  }
+}
+
 /// Inclusive prefix sum over the warp's lanes.
 __device__ __forceinline__ std::uint64_t warp_inclusive_scan(std::uint64_t v)
 {

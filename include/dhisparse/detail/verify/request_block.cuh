@@ -324,15 +324,7 @@ class request_block {
         }
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      float const ob        = __shfl_xor_sync(0xFFFFFFFFu, best, off);
-      std::int32_t const oa = __shfl_xor_sync(0xFFFFFFFFu, arg, off);
-      if (ob > best || (ob == best && oa < arg)) {
-        best = ob;
-        arg  = oa;
-      }
-    }
+    warp_argmax(best, arg);
     if (lane == 0) {
       sh_.red_f[warp] = best;
       sh_.red_i[warp] = arg;

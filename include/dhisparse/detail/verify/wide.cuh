@@ -24,6 +24,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/device_info.cuh>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/request_block.cuh>
 #include <dhisparse/detail/verify/row_pass.cuh>
@@ -33,8 +34,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -293,15 +292,7 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads, wide_ctas_per_sm)
     float best       = 0.f;
     std::int32_t arg = 0;
     bool const nan   = chunk_argmax<Vec, Unroll>(a.p + b * l.p_request + e.y * l.p_row, c0, c1, best, arg);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      float const ob        = __shfl_xor_sync(0xFFFFFFFFu, best, off);
-      std::int32_t const oa = __shfl_xor_sync(0xFFFFFFFFu, arg, off);
-      if (ob > best || (ob == best && oa < arg)) {
-        best = ob;
-        arg  = oa;
-      }
-    }
+    warp_argmax(best, arg);
     if (lane == 0) {
       red_f[half][warp] = best;
       red_i[half][warp] = arg;
@@ -353,30 +344,8 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads, wide_ctas_per_sm)
   }
 }
 
-/// CTAs of a depth launch: `wide_ctas_per_sm` per SM of the current device (queried once
-/// per device, with calls that are allowed while a stream is being captured); 0 when the
-/// query fails.
-inline int wide_ctas()
-{
-  constexpr int max_devices = 64;
-  static std::array<std::atomic<int>, max_devices> cached{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= max_devices) {
-    cudaGetLastError();
-    return 0;
-  }
-  int ctas = cached[device].load(std::memory_order_relaxed);
-  if (ctas == 0) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
-      cudaGetLastError();
-      return 0;
-    }
-    ctas = sms * wide_ctas_per_sm;
-    cached[device].store(ctas, std::memory_order_relaxed);
-  }
-  return ctas;
-}
+/// CTAs of a depth launch: `wide_ctas_per_sm` per SM of the current device.
+inline int wide_ctas() { return multiprocessor_count() * wide_ctas_per_sm; }
 
 /**
  * @brief Launches the wide greedy path (the call must be greedy from p with a workspace):
@@ -390,7 +359,6 @@ cudaError_t launch_wide(verify_params const& a, cudaStream_t stream, int ctas = 
                         int max_chunk = wide_max_chunk)
 {
   if (ctas <= 0) { ctas = wide_ctas(); }
-  if (ctas <= 0) { return cudaErrorUnknown; }
   layout const l         = layout::of(a);
   wide_workspace const w = wide_workspace::of(a);
   wide_prologue_kernel<Vec><<<a.capacity, block_threads, 0, stream>>>(a, l, w);
