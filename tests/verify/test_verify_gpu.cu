@@ -712,6 +712,35 @@ TEST_CASE("GPU wide greedy path: a captured graph replays with a new batch each 
   cudaStreamDestroy(stream);
 }
 
+TEST_CASE("GPU sampling: residuals without mass are sampled from p, as on the host", "[verify][small]")
+{
+  // q = min(1, 1.25·p) lies on or above p everywhere: a rejected draft leaves max(0, p − q)
+  // = 0, so the residual has no mass and the token is drawn from p itself (a pass more; in
+  // a tree every later sibling sees a residual without mass).
+  auto g = test::seeded_engine("degenerate residual");
+  for (auto topo : {draft_topology::chain, draft_topology::tree}) {
+    int const batch     = small_run() ? 10 : 40;
+    int const V         = 3000;
+    test::verify_case c = test::make_case(verify_rule::sampling, topo, draft_distribution::dense, batch, 6, V, 0, g);
+    c.a.sum_tolerance   = 0.5f;
+    for (int b = 0; b < batch; ++b) {
+      for (int r = 0; r < c.rows_q(); ++r) {
+        float const* p = c.p_row(b, r);
+        float* q       = c.q_row(b, r);
+        for (int i = 0; i < V; ++i) { q[i] = std::min(1.f, 1.25f * p[i]); }
+      }
+    }
+    for (int const ctas : ctas_choices()) {
+      INFO("tree " << int(topo) << " " << shape_name(ctas));
+      test::verify_case const r = run_both(c, ctas);
+      CHECK(r.status[0] == 0);
+      int rejected = 0;
+      for (int b = 0; b < batch; ++b) { rejected += r.accepted[b] < r.num_drafts[b]; }
+      CHECK(rejected > 0);
+    }
+  }
+}
+
 TEST_CASE("GPU sampling is deterministic; a captured graph replays with a new offset", "[verify][small]")
 {
   auto g              = test::seeded_engine("graph");

@@ -13,6 +13,7 @@
 #include <dhisparse/verify_params.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace dhisparse::detail::verify {
 
@@ -169,32 +170,55 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
           loader::load(prow, i, vocab, pv[j]);
           if constexpr (with_q) { loader::load(qrow, i, vocab, qv[j]); }
         }
+        // The elements' arithmetic, with (`Checked`) or without the clamping and the status
+        // bits: a batch whose values all lie in [+0, 1] — their bits as unsigned integers at
+        // most 1.0f's, one max per element — needs neither (clamp01 is the identity there
+        // and element_flags 0), so the common case costs ~6 instructions per element
+        // instead of ~11 (the loop was issue- and latency-bound: 50% SM throughput at 44%
+        // of DRAM bandwidth, Nsight Compute, H200).
+        auto accumulate = [&](auto checked) {
+          constexpr bool Checked = decltype(checked)::value;
+#pragma unroll
+          for (int j = 0; j < loads; ++j) {
+#pragma unroll
+            for (int e = 0; e < Vec; ++e) {
+              float const x = pv[j][e];
+              if constexpr (Checked) { s.flags |= element_flags(x, false); }
+              float const xc = Checked ? clamp01(x) : x;
+              s.p_float += xc;
+              std::uint64_t const P = __float2ull_rz(xc * 0x1p62f);
+              std::uint64_t R       = P;
+              if constexpr (with_q) {  // (mode 0: R = P, so Σ P is the sum of the chunk masses)
+                s.p += P;
+                float const y = qv[j][e];
+                if constexpr (Checked) { s.flags |= element_flags(y, true); }
+                float const yc = Checked ? clamp01(y) : y;
+                s.q_float += yc;
+                std::uint64_t const Q = __float2ull_rz(yc * 0x1p62f);
+                s.q += Q;
+                if constexpr (Mode == 1) {
+                  R = sub_floor0(P, Q);
+                } else {
+                  for (int r = 0; r < k; ++r) { R = residual_step(R, sh.mass[r], Q); }
+                }
+              }
+              csum += R;
+            }
+          }
+        };
+        std::uint32_t top = 0;  // largest bit pattern of the batch: ≤ 1.0f's iff all in [+0, 1]
 #pragma unroll
         for (int j = 0; j < loads; ++j) {
 #pragma unroll
           for (int e = 0; e < Vec; ++e) {
-            float const x = pv[j][e];
-            s.flags |= element_flags(x, false);
-            float const xc = clamp01(x);
-            s.p_float += xc;
-            std::uint64_t const P = __float2ull_rz(xc * 0x1p62f);
-            std::uint64_t R = P;
-            if constexpr (with_q) {  // (mode 0: R = P, so Σ P is the sum of the chunk masses)
-              s.p += P;
-              float const y = qv[j][e];
-              s.flags |= element_flags(y, true);
-              float const yc = clamp01(y);
-              s.q_float += yc;
-              std::uint64_t const Q = __float2ull_rz(yc * 0x1p62f);
-              s.q += Q;
-              if constexpr (Mode == 1) {
-                R = sub_floor0(P, Q);
-              } else {
-                for (int r = 0; r < k; ++r) { R = residual_step(R, sh.mass[r], Q); }
-              }
-            }
-            csum += R;
+            top = max(top, __float_as_uint(pv[j][e]));
+            if constexpr (with_q) { top = max(top, __float_as_uint(qv[j][e])); }
           }
+        }
+        if (top <= 0x3F800000u) {
+          accumulate(std::false_type{});
+        } else {
+          accumulate(std::true_type{});
         }
       }
     }
