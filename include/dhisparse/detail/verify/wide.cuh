@@ -16,14 +16,17 @@
  * fences: the "last block" pattern) decides it: the child carrying the argmax is appended
  * to depth L + 1's list, otherwise the request's outputs are written, exactly as
  * `request_block::write_outputs` writes them after the same walk. A depth with no rows
- * exits at once. Every launch has a fixed shape and reads its row count from the
- * workspace, so a call is graph-capturable; the counters each depth uses are reset by the
- * launch before it (the prologue for depths 0 and 1), so the workspace needs no
- * initialization.
+ * exits at once. Each depth is a programmatic dependent launch of the launch before
+ * (dependent_launch.cuh): its CTAs are scheduled while that one finishes and wait on the
+ * device, so no launch gap separates the depths. Every launch has a fixed shape and
+ * reads its row count from the workspace, so a call is graph-capturable; the counters each
+ * depth uses are reset by the launch before it (the prologue for depths 0 and 1), so the
+ * workspace needs no initialization.
  */
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/dependent_launch.cuh>
 #include <dhisparse/detail/device_info.cuh>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/request_block.cuh>
@@ -238,6 +241,7 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads) wide_prologue_kernel(veri
                                                                            wide_workspace w)
 {
   __shared__ shared_state sh;
+  launch_dependents();  // depth 0 may be scheduled now; it waits for this grid
   int const batch = batch_of(a, blockIdx.x == 0 && threadIdx.x == 0);
   int const b     = int(blockIdx.x);
   if (b == 0) {
@@ -275,6 +279,8 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads, wide_ctas_per_sm)
 {
   __shared__ float red_f[2][block_warps];
   __shared__ std::int32_t red_i[2][block_warps];
+  wait_for_prerequisites();  // launched early: the launch before has completed from here on
+  launch_dependents();       // the next depth may be scheduled; it waits for this grid
   int const rows = depth == 0 ? batch_of(a, false) : w.counts[depth];
   if (rows <= 0) { return; }
   wide_split const s       = wide_split::of(a.vocab, rows, int(gridDim.x), max_chunk);
@@ -367,8 +373,9 @@ cudaError_t launch_wide(verify_params const& a, cudaStream_t stream, int ctas = 
   wide_prologue_kernel<Vec><<<a.capacity, block_threads, 0, stream>>>(a, l, w);
   cudaError_t status = check_launch(stream);
   for (int depth = 0; depth <= a.max_drafts && status == cudaSuccess; ++depth) {
-    wide_argmax_kernel<Vec, Unroll><<<ctas, block_threads, 0, stream>>>(a, l, w, depth, max_chunk);
-    status = check_launch(stream);
+    status = launch_dependent(&wide_argmax_kernel<Vec, Unroll>, unsigned(ctas), block_threads, stream, a, l, w,
+                              depth, max_chunk);
+    if (status == cudaSuccess) { status = check_launch(stream); }
   }
   return status;
 }
