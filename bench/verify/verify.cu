@@ -317,6 +317,7 @@ int main(int argc, char** argv)
     bool empty     = false;  ///< device batch size 0 (the call's fixed cost)
     int ctas_per_sm = 0;     ///< wide: CTAs per SM of a depth launch (0: the library's)
     int unroll      = 0;     ///< wide: 16-byte loads in flight per thread, 4 or 8 (0: the library's)
+    int cluster     = 0;     ///< sweep: a cluster of 2 or 4 CTAs per request, launched here
   };
   std::size_t const ws_bytes = [&] {
     verify_params shape;
@@ -339,6 +340,13 @@ int main(int argc, char** argv)
     bool const greedy = c.rule == verify_rule::greedy;
     std::vector<variant> variants{{"1 CTA", 1}};
     if (cluster_device) { variants.push_back({"cluster " + std::to_string(verify_cluster_ctas), verify_cluster_ctas}); }
+    if (sweep && !greedy && cluster_device) {  // smaller clusters than the library's 8
+      for (int const n : {2, 4}) {
+        variant w{"cluster " + std::to_string(n) + " (sweep)", 0};
+        w.cluster = n;
+        variants.push_back(w);
+      }
+    }
     if (greedy) {
       variants.push_back({"wide", 0, true});
       if (sweep) {
@@ -417,7 +425,24 @@ int main(int argc, char** argv)
       // One call: verify_async, or for a chunk sweep the wide path's launcher itself with
       // the status cleared as verify_async clears it.
       auto call = [&](verify_params const& r) {
-        if (v.max_chunk > 0) {
+        if (v.cluster > 0) {
+          DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
+          DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
+          cudaLaunchAttribute attribute{};
+          attribute.id               = cudaLaunchAttributeClusterDimension;
+          attribute.val.clusterDim.x = unsigned(v.cluster);
+          attribute.val.clusterDim.y = 1;
+          attribute.val.clusterDim.z = 1;
+          cudaLaunchConfig_t config{};
+          config.gridDim  = dim3(unsigned(r.capacity * v.cluster));
+          config.blockDim = dim3(detail::verify::block_threads);
+          config.stream   = stream;
+          config.attrs    = &attribute;
+          config.numAttrs = 1;
+          auto const l    = detail::verify::layout::of(r);
+          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l)
+                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l));
+        } else if (v.max_chunk > 0) {
           DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
           int const ctas = v.ctas_per_sm > 0 ? detail::verify::wide_ctas() / detail::verify::wide_ctas_per_sm * v.ctas_per_sm : 0;

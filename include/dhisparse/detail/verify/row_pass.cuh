@@ -33,12 +33,14 @@ __device__ __forceinline__ std::uint32_t element_flags(float x, bool is_q)
   return (x >= 0.f && x <= 1.f) ? 0u : probability_flags(x, is_q);
 }
 
-/// R_k at one element: P minus, for each earlier rejection s, S_s·Q (floored at 0).
+/// R_k at one element (k ≥ 1): P minus, for each earlier rejection s, S_s·Q (floored at
+/// 0). S_0 is always 1 (`fixed_one`: the walk's nominal first mass), for which the step is
+/// one subtraction (`mul_fixed(fixed_one, Q)` is Q), so only k − 1 steps multiply.
 __device__ __forceinline__ std::uint64_t residual_at(std::uint64_t P, std::uint64_t Q, int k,
                                                      std::uint64_t const* mass)
 {
-  if (k == 1) { return sub_floor0(P, Q); }  // S_0 is 1: the chain case, one subtraction
-  for (int s = 0; s < k; ++s) { P = residual_step(P, mass[s], Q); }
+  P = sub_floor0(P, Q);
+  for (int s = 1; s < k; ++s) { P = residual_step(P, mass[s], Q); }
   return P;
 }
 
@@ -199,7 +201,7 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
                 if constexpr (Mode == 1) {
                   R = sub_floor0(P, Q);
                 } else {
-                  for (int r = 0; r < k; ++r) { R = residual_step(R, sh.mass[r], Q); }
+                  R = residual_at(P, Q, k, sh.mass);
                 }
               }
               csum += R;
