@@ -446,7 +446,7 @@ int main(int argc, char** argv)
           DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
           int const ctas = v.ctas_per_sm > 0 ? detail::verify::wide_ctas() / detail::verify::wide_ctas_per_sm * v.ctas_per_sm : 0;
-          cudaError_t const launched = v.unroll == 4 ? detail::verify::launch_wide<4, 4>(r, stream, ctas, v.max_chunk)
+          cudaError_t const launched = v.unroll != 8 ? detail::verify::launch_wide<4, 4>(r, stream, ctas, v.max_chunk)
                                                      : detail::verify::launch_wide<4, 8>(r, stream, ctas, v.max_chunk);
           DHISPARSE_CUDA_TRY(launched);
         } else {

@@ -53,15 +53,16 @@ inline constexpr int wide_ctas_per_sm = 4;
 #ifndef DHISPARSE_VERIFY_WIDE_CHUNK
 /// Longest chunk of a row one CTA argmaxes as one work item, in elements (a multiple of
 /// `wide_unit`); depths with few rows cut them shorter so that every CTA has an item.
-/// Measured on the H200 at B = 512, d = 8, V = 151 552 (chain / tree greedy, ms): 8K
-/// 0.278 / 0.320, 16K 0.244 / 0.277, 32K 0.233 / 0.262, 64K 0.236 / 0.261.
+/// Measured on the H200 at B = 512, d = 8, V = 151 552 (chain / tree greedy, ms, 128 bytes
+/// in flight, 2026-12-04 night): 8K 0.273 / 0.313, 16K 0.243 / 0.269, 32K 0.229 / 0.259,
+/// 64K 0.231 / 0.255.
 #define DHISPARSE_VERIFY_WIDE_CHUNK 32768
 #endif
 inline constexpr int wide_max_chunk = DHISPARSE_VERIFY_WIDE_CHUNK;
 
 /// 16-byte loads in flight per thread of a depth launch: 4 (64 bytes; with 4 CTAs of 256
-/// threads, 64 KB per SM). 8 was measured 3% slower on the H200 (2026-12-04: chain greedy
-/// 0.2328 against 0.2267 ms, tree 0.2608 against 0.2543 ms, docs/benchmarks.md "verify").
+/// threads, 64 KB per SM). 8 measured 3–4% slower on the H200 (2026-12-04 night: chain
+/// greedy 0.2295 against 0.2210 ms, tree 0.2608 against 0.2520 ms, docs/benchmarks.md "verify").
 inline constexpr int wide_unroll = 4;
 static_assert(wide_max_chunk >= wide_unit && wide_max_chunk % wide_unit == 0,
               "DHISPARSE_VERIFY_WIDE_CHUNK must be a positive multiple of 1024");
