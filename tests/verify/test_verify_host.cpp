@@ -330,6 +330,40 @@ TEST_CASE("bytes_read counts the passes the rules need", "[verify]")
   CHECK(c.bytes_read[0] == expect);
 }
 
+TEST_CASE("a residual without mass is sampled from p (one pass more)", "[verify]")
+{
+  // Chain, dense q = min(1, 1.25·p) ≥ p everywhere: a rejection leaves max(0, p − q) = 0,
+  // so the token is drawn from p itself. A rejected request reads p and q of its row (the
+  // residual's mass: 0), then p again (the fallback) and one chunk of p; the token has p > 0.
+  auto g              = test::seeded_engine("degenerate residual");
+  int const V         = 3000;
+  int const B         = 48;
+  test::verify_case c = test::make_case(verify_rule::sampling, draft_topology::chain, draft_distribution::dense,
+                                        B, 3, V, 0, g);
+  c.a.sum_tolerance = 0.5f;
+  for (int b = 0; b < B; ++b) {
+    for (int r = 0; r < c.rows_q(); ++r) {
+      float const* p = c.p_row(b, r);
+      float* q       = c.q_row(b, r);
+      for (int i = 0; i < V; ++i) { q[i] = std::min(1.f, 1.25f * p[i]); }
+    }
+  }
+  host::verify(c.a);
+  REQUIRE(c.status[0] == 0);
+  std::uint64_t expect = 0;
+  int rejected_count   = 0;
+  for (int b = 0; b < B; ++b) {
+    bool const rejected       = c.accepted[b] < c.num_drafts[b];
+    std::int64_t const chunk0 = c.next_token[b] / 512 * 512;
+    std::uint64_t const chunk = std::uint64_t(std::min<std::int64_t>(512, V - chunk0)) * 4;
+    expect += rejected ? 8ull * V + 4ull * V + chunk : 4ull * V + chunk;
+    rejected_count += rejected;
+    CHECK(c.p_row(b, c.accepted[b])[c.next_token[b]] > 0.f);
+  }
+  CHECK(rejected_count > 0);
+  CHECK(c.bytes_read[0] == expect);
+}
+
 TEST_CASE("padding requests get empty outputs and their inputs are not read", "[verify]")
 {
   auto g = test::seeded_engine("padding");
