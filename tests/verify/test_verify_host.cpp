@@ -340,14 +340,7 @@ TEST_CASE("a residual without mass is sampled from p (one pass more)", "[verify]
   int const B         = 48;
   test::verify_case c = test::make_case(verify_rule::sampling, draft_topology::chain, draft_distribution::dense,
                                         B, 3, V, 0, g);
-  c.a.sum_tolerance = 0.5f;
-  for (int b = 0; b < B; ++b) {
-    for (int r = 0; r < c.rows_q(); ++r) {
-      float const* p = c.p_row(b, r);
-      float* q       = c.q_row(b, r);
-      for (int i = 0; i < V; ++i) { q[i] = std::min(1.f, 1.25f * p[i]); }
-    }
-  }
+  test::make_residuals_massless(c);
   host::verify(c.a);
   REQUIRE(c.status[0] == 0);
   std::uint64_t expect = 0;

@@ -386,6 +386,21 @@ inline int slot_of(verify_case& c, int b, int r, std::int32_t x)
 }
 }  // namespace detail
 
+/// Dense q rows made min(1, 1.25·p): on or above p everywhere, so a rejected draft leaves a
+/// residual max(0, p − q) without mass and the token is drawn from p itself; the mass
+/// tolerance is widened to 0.5 (q sums to at most 1.25).
+inline void make_residuals_massless(verify_case& c)
+{
+  c.a.sum_tolerance = 0.5f;
+  for (int b = 0; b < c.a.capacity; ++b) {
+    for (int r = 0; r < c.rows_q(); ++r) {
+      float const* p = c.p_row(b, r);
+      float* q       = c.q_row(b, r);
+      for (int i = 0; i < c.a.vocab; ++i) { q[i] = std::min(1.f, 1.25f * p[i]); }
+    }
+  }
+}
+
 /// Every corruption the tests apply; each needs num_drafts[b] = max_drafts ≥ 2.
 inline std::vector<corruption> const& corruptions()
 {
