@@ -1,6 +1,7 @@
 /**
  * @file gpu_test.cuh
- * @brief Helpers for GPU tests: the skip code, checked CUDA calls, and small RAII buffers.
+ * @brief Helpers for GPU tests: the skip code, checked CUDA calls, small RAII buffers and a
+ *        captured CUDA graph.
  */
 #pragma once
 
@@ -79,6 +80,40 @@ class device_vector {
  private:
   T* data_          = nullptr;
   std::size_t size_ = 0;
+};
+
+/// A stream of its own and a CUDA graph captured on it from `record(stream)` (called once,
+/// at construction); `replay()` launches the graph and waits for it. Owns all three.
+class captured_graph {
+ public:
+  template <class Record>
+  explicit captured_graph(Record&& record)
+  {
+    DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream_));
+    DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    record(stream_);
+    DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream_, &graph_));
+    DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  captured_graph(captured_graph const&)            = delete;
+  captured_graph& operator=(captured_graph const&) = delete;
+  ~captured_graph()
+  {
+    if (exec_) { cudaGraphExecDestroy(exec_); }
+    if (graph_) { cudaGraphDestroy(graph_); }
+    if (stream_) { cudaStreamDestroy(stream_); }
+  }
+
+  void replay()
+  {
+    DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_  = nullptr;
+  cudaGraph_t graph_    = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 }  // namespace dhisparse::test

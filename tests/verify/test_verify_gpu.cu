@@ -672,14 +672,7 @@ TEST_CASE("GPU wide greedy path: a captured graph replays with a new batch each 
                                                   batch, 6, 5000, 0, g, o);
   device_case d(first);
   d.use(wide);
-  cudaStream_t stream;
-  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  DHISPARSE_CUDA_TRY(verify_async(d.a, stream));
-  DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
-  DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  test::captured_graph graph([&](cudaStream_t s) { DHISPARSE_CUDA_TRY(verify_async(d.a, s)); });
   for (int replay = 0; replay < 4; ++replay) {
     // A new problem of the same shapes in the same buffers, and a new batch size.
     test::verify_case c = replay == 0 ? first
@@ -699,17 +692,13 @@ TEST_CASE("GPU wide greedy path: a captured graph replays with a new batch each 
     d.next_sibling.upload(c.next_sibling);
     d.p.upload(c.p);
     d.poison();
-    DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream));
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    graph.replay();
     INFO("replay " << replay);
     test::verify_case const dev = d.download(c);
     host::verify(c.a, host::on_invalid_input::flag);
     require_same(c, dev);
     if (replay == 3) { CHECK(dev.accepted[1] == 3); }
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("GPU sampling: residuals without mass are sampled from p, as on the host", "[verify][small]")
@@ -747,20 +736,14 @@ TEST_CASE("GPU sampling is deterministic; a captured graph replays with a new of
   d.run();
   require_same(first, d.download(c));
 
-  cudaStream_t stream;
-  DHISPARSE_CUDA_TRY(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  DHISPARSE_CUDA_TRY(verify_async(d.a, stream));
-  DHISPARSE_CUDA_TRY(advance_rng_offset_async(d.rng.data(), 1, stream));
-  DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
-  DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  test::captured_graph graph([&](cudaStream_t s) {
+    DHISPARSE_CUDA_TRY(verify_async(d.a, s));
+    DHISPARSE_CUDA_TRY(advance_rng_offset_async(d.rng.data(), 1, s));
+  });
   std::vector<std::vector<std::int32_t>> seen;
   for (int replay = 0; replay < 3; ++replay) {
     d.poison();
-    DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream));
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    graph.replay();
     test::verify_case ref = c;
     ref.rng[1] += replay;
     ref.bind();
@@ -773,16 +756,12 @@ TEST_CASE("GPU sampling is deterministic; a captured graph replays with a new of
   std::vector<std::uint64_t> const state{c.rng[0], 12345};
   d.rng.upload(state);
   d.poison();
-  DHISPARSE_CUDA_TRY(cudaGraphLaunch(exec, stream));
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  graph.replay();
   test::verify_case ref = c;
   ref.rng               = state;
   ref.bind();
   host::verify(ref.a);
   require_same(ref, d.download(c));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("GPU sampling preserves the target distribution (65536 trials per rule)", "[verify][stats]")
