@@ -31,6 +31,7 @@ struct flags {
   std::vector<int> batches;    ///< empty: the benchmark's default
   std::vector<int> rows;       ///< empty: the benchmark's default
   double store_gib = 0;        ///< 0: the benchmark's default
+  std::vector<int> gpus;       ///< bench_retrieval: GPU counts pulling at once (gpus.cuh); empty: one GPU
   options opt;
 
   static std::vector<int> int_list(char const* text)
@@ -47,7 +48,8 @@ struct flags {
   }
 
   /// `--memory pinned|huge|both`, `--huge` (= `--memory huge`), `--batches 1,32`,
-  /// `--rows 656,2624`, `--store-gib N`; the rest as `bench::options` (--json, --reps, --quick).
+  /// `--rows 656,2624`, `--store-gib N`, `--gpus N` (or a list); the rest as
+  /// `bench::options` (--json, --reps, --quick).
   static flags parse(int argc, char** argv)
   {
     flags f;
@@ -68,9 +70,11 @@ struct flags {
         f.rows = int_list(argv[++i]);
       } else if (a == "--store-gib" && value) {
         f.store_gib = std::atof(argv[++i]);
+      } else if (a == "--gpus" && value) {
+        f.gpus = int_list(argv[++i]);
       } else if (a == "--help" || a == "-h") {
         std::printf("usage: %s [--memory pinned|huge|both] [--huge] [--batches B1,B2,...] [--rows R1,R2,...]\n"
-                    "       [--store-gib N] [--json FILE] [--reps N] [--quick]\n",
+                    "       [--store-gib N] [--gpus N | --gpus N1,N2,...] [--json FILE] [--reps N] [--quick]\n",
                     argv[0]);
         std::exit(0);
       } else {

@@ -15,9 +15,13 @@
 //                        (the time includes the ordering)
 // Plans rotate between repetitions and L2 is flushed before each timed call. Reported:
 // median time, GB/s of rows moved, the ratio to pinned memcpy (1 GiB contiguous copy).
+//
+// `--gpus N` (or a list of counts) runs instead several GPUs of the host pulling rows at
+// once, against concurrent cudaMemcpyAsync on the same GPUs (gpus.cuh).
 #include <dhisparse/retrieve.cuh>
 
 #include <retrieval/common.cuh>
+#include <retrieval/gpus.cuh>
 
 #include <algorithm>
 #include <cstdio>
@@ -43,6 +47,7 @@ struct variant {
 int main(int argc, char** argv)
 {
   auto const f   = rb::flags::parse(argc, argv);
+  if (!f.gpus.empty()) { return rb::run_gpus(f); }
   auto const& opt = f.opt;
   cudaStream_t stream;
   DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
