@@ -15,8 +15,8 @@
  *             `cudaMemcpyAsync` (contiguous), all at once;
  *   retrieve  every GPU gathers its plan with `retrieve_async`, all at once.
  * "At once": each GPU's stream waits behind a gate kernel that polls one mapped host word;
- * the host releases every gate after all work is enqueued, so the GPUs start within the
- * word's visibility latency (≈ 1 µs). A GPU's time runs from its gate's release to the end
+ * the host releases every gate after all work is enqueued, so the GPUs start together,
+ * apart only by how soon each sees the word (not measured here). A GPU's time runs from its gate's release to the end
  * of its work (events on its stream); the aggregate bandwidth is the bytes of all GPUs over
  * the longest of those times. Reported per GPU count and row size: aggregate GB/s of both,
  * per-GPU GB/s, and each GPU's gather over its concurrent memcpy (`of_memcpy`); per GPU also
