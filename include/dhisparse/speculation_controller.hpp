@@ -35,6 +35,7 @@
 #pragma once
 
 #include <dhisparse/error.hpp>
+#include <dhisparse/verify_params.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -54,7 +55,7 @@ struct step_cost_model {
 
 /// Settings of a `speculation_controller`.
 struct speculation_settings {
-  int max_drafts          = 7;     ///< upper bound of every d_b (≤ max_queries − 1)
+  int max_drafts          = 7;     ///< upper bound of every d_b (≤ max_queries − 1, ≤ max_verify_drafts)
   double prior_acceptance = 0.6;   ///< α of a request without history
   double prior_weight     = 4.0;   ///< … worth this many observations
   double memory           = 0.95;  ///< weight kept by the past at every observation (0, 1]
@@ -65,8 +66,8 @@ struct speculation_settings {
 
 /// What `choose` knows about the coming step.
 struct speculation_load {
-  double fetched_rows_per_query = 0.0;  ///< rows an extra draft query fetches (measured)
-  double pool_occupancy         = 0.0;  ///< owned / limit of the device pool, in [0, 1]
+  double fetched_rows_per_query = 0.0;  ///< rows an extra draft query fetches (measured, ≥ 0)
+  double pool_occupancy         = 0.0;  ///< owned / limit of the device pool, ≥ 0 (above 1: full)
 };
 
 /**
@@ -79,15 +80,19 @@ class speculation_controller {
   speculation_controller(int max_requests, speculation_settings s) : s_{std::move(s)}
   {
     DHISPARSE_EXPECTS(max_requests > 0, "speculation_controller: max_requests must be positive");
-    DHISPARSE_EXPECTS(s_.max_drafts >= 0, "speculation_controller: max_drafts must not be negative");
+    DHISPARSE_EXPECTS(s_.max_drafts >= 0 && s_.max_drafts <= max_verify_drafts,
+                      "speculation_controller: max_drafts must be in [0, max_verify_drafts = 256]");
     DHISPARSE_EXPECTS(s_.prior_acceptance >= 0.0 && s_.prior_acceptance < 1.0,
                       "speculation_controller: prior_acceptance must be in [0, 1)");
     DHISPARSE_EXPECTS(s_.memory > 0.0 && s_.memory <= 1.0, "speculation_controller: memory must be in (0, 1]");
     DHISPARSE_EXPECTS(s_.prior_weight > 0.0, "speculation_controller: prior_weight must be positive");
-    DHISPARSE_EXPECTS(s_.cost.per_query > 0.0 && s_.cost.fixed >= 0.0 && s_.cost.per_fetched_row >= 0.0,
-                      "speculation_controller: costs must be non-negative (per_query positive)");
-    DHISPARSE_EXPECTS(s_.pressure_start >= 0.0 && s_.pressure_start < 1.0 && s_.pressure_cost >= 0.0,
-                      "speculation_controller: pressure_start must be in [0, 1), pressure_cost >= 0");
+    DHISPARSE_EXPECTS(s_.cost.per_query > 0.0 && s_.cost.fixed >= 0.0 && s_.cost.per_fetched_row >= 0.0 &&
+                        std::isfinite(s_.cost.per_query) && std::isfinite(s_.cost.fixed) &&
+                        std::isfinite(s_.cost.per_fetched_row),
+                      "speculation_controller: costs must be finite and non-negative (per_query positive)");
+    DHISPARSE_EXPECTS(s_.pressure_start >= 0.0 && s_.pressure_start < 1.0 && s_.pressure_cost >= 0.0 &&
+                        std::isfinite(s_.pressure_cost),
+                      "speculation_controller: pressure_start must be in [0, 1), pressure_cost finite and >= 0");
     stats_.assign(std::size_t(max_requests), fresh());
   }
 
@@ -124,6 +129,7 @@ class speculation_controller {
   /// Cost of one draft query under `load` (a root query costs `cost.per_query`).
   [[nodiscard]] double draft_cost(speculation_load const& load) const
   {
+    check(load);
     double const base = s_.cost.per_query + s_.cost.per_fetched_row * load.fetched_rows_per_query;
     double const over = std::clamp((load.pool_occupancy - s_.pressure_start) / (1.0 - s_.pressure_start), 0.0, 1.0);
     return base * (1.0 + s_.pressure_cost * over);
@@ -147,6 +153,7 @@ class speculation_controller {
   {
     DHISPARSE_EXPECTS(n >= 0 && (n == 0 || (requests != nullptr && num_drafts != nullptr)),
                       "speculation_controller::choose: requests and num_drafts must not be null");
+    check(load);  // before any output is written
     std::vector<std::pair<double, int>> increments;  // (α_b^k, i), every request's k = 1 … cap
     double tokens = 0.0;
     for (int i = 0; i < n; ++i) {
@@ -191,8 +198,10 @@ class speculation_controller {
     DHISPARSE_EXPECTS(shape_cost != nullptr && shapes >= 1,
                       "speculation_controller::choose_shape: shape_cost must hold at least one shape");
     for (int k = 0; k < shapes; ++k) {
-      DHISPARSE_EXPECTS(shape_cost[k] > 0.0, "speculation_controller::choose_shape: shape costs must be positive");
+      DHISPARSE_EXPECTS(shape_cost[k] > 0.0 && std::isfinite(shape_cost[k]),
+                        "speculation_controller::choose_shape: shape costs must be positive and finite");
     }
+    check(load);
     int const top = std::min(shapes - 1, s_.max_drafts);
     // Pressure: the drafts' share of the cost grows as in draft_cost.
     double const pressure = draft_cost(load) / (s_.cost.per_query + s_.cost.per_fetched_row * load.fetched_rows_per_query);
@@ -222,6 +231,14 @@ class speculation_controller {
   request_stats fresh() const
   {
     return {s_.prior_acceptance * s_.prior_weight, (1.0 - s_.prior_acceptance) * s_.prior_weight};
+  }
+  /// A load the cost model can use: finite, non-negative fetched rows and occupancy.
+  static void check(speculation_load const& load)
+  {
+    DHISPARSE_EXPECTS(std::isfinite(load.fetched_rows_per_query) && load.fetched_rows_per_query >= 0.0,
+                      "speculation_controller: load.fetched_rows_per_query must be finite and >= 0");
+    DHISPARSE_EXPECTS(std::isfinite(load.pool_occupancy) && load.pool_occupancy >= 0.0,
+                      "speculation_controller: load.pool_occupancy must be finite and >= 0");
   }
   std::size_t check(int r) const
   {

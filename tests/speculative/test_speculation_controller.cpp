@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -231,4 +232,46 @@ TEST_CASE("speculation controller: bad arguments are refused", "[speculative][co
   REQUIRE_THROWS_WITH(c.observe(2, 1, 0), Catch::Contains("out of range"));
   REQUIRE_THROWS_WITH(c.observe(0, 1, 2), Catch::Contains("accepted"));
   REQUIRE_THROWS_WITH(c.choose(nullptr, 1, speculation_load{}, nullptr), Catch::Contains("null"));
+  s            = speculation_settings{};
+  s.max_drafts = max_verify_drafts + 1;  // more than verify accepts (and n × d increments)
+  REQUIRE_THROWS_WITH(speculation_controller(2, s), Catch::Contains("max_drafts"));
+  s            = speculation_settings{};
+  s.cost.fixed = std::numeric_limits<double>::infinity();
+  REQUIRE_THROWS_WITH(speculation_controller(2, s), Catch::Contains("costs"));
+  s               = speculation_settings{};
+  s.pressure_cost = std::numeric_limits<double>::quiet_NaN();
+  REQUIRE_THROWS_WITH(speculation_controller(2, s), Catch::Contains("pressure_cost"));
+}
+
+TEST_CASE("speculation controller: a load it cannot use is refused before anything is written",
+          "[speculative][controller]")
+{
+  speculation_controller c(2, speculation_settings{});
+  c.observe(0, 4, 3);
+  double const before = c.acceptance(0);
+  std::int32_t const requests[2] = {0, 1};
+  std::int32_t drafts[2]         = {-7, -7};
+  double const shapes[3]         = {10.0, 11.0, 12.0};
+  double const nan               = std::numeric_limits<double>::quiet_NaN();
+  double const inf               = std::numeric_limits<double>::infinity();
+  for (speculation_load const bad : {speculation_load{nan, 0.5}, speculation_load{-1.0, 0.5},
+                                     speculation_load{inf, 0.5}, speculation_load{0.0, nan},
+                                     speculation_load{0.0, -0.1}, speculation_load{0.0, inf}}) {
+    INFO("fetched_rows_per_query " << bad.fetched_rows_per_query << ", pool_occupancy " << bad.pool_occupancy);
+    REQUIRE_THROWS_WITH(c.choose(requests, 2, bad, drafts), Catch::Contains("load."));
+    REQUIRE_THROWS_WITH(c.choose_shape(requests, 2, shapes, 3, bad, drafts), Catch::Contains("load."));
+    REQUIRE_THROWS_WITH(c.draft_cost(bad), Catch::Contains("load."));
+    CHECK(drafts[0] == -7);
+    CHECK(drafts[1] == -7);
+  }
+  double const infinite_shape[3] = {10.0, inf, 12.0};
+  REQUIRE_THROWS_WITH(c.choose_shape(requests, 2, infinite_shape, 3, speculation_load{}, drafts),
+                      Catch::Contains("finite"));
+  CHECK(drafts[0] == -7);
+  CHECK(c.acceptance(0) == before);
+  // An occupancy above 1 (a pool limit lowered below what is owned) counts as a full pool.
+  speculation_load full, over;
+  full.pool_occupancy = 1.0;
+  over.pool_occupancy = 1.7;
+  CHECK(c.draft_cost(over) == c.draft_cost(full));
 }
