@@ -201,7 +201,6 @@ class speculation_controller {
       DHISPARSE_EXPECTS(shape_cost[k] > 0.0 && std::isfinite(shape_cost[k]),
                         "speculation_controller::choose_shape: shape costs must be positive and finite");
     }
-    check(load);
     int const top = std::min(shapes - 1, s_.max_drafts);
     // Pressure: the drafts' share of the cost grows as in draft_cost.
     double const pressure = draft_cost(load) / (s_.cost.per_query + s_.cost.per_fetched_row * load.fetched_rows_per_query);
