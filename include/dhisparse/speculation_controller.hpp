@@ -138,8 +138,7 @@ class speculation_controller {
   /// Expected step time of `n` requests with `drafts` drafts in all.
   [[nodiscard]] double step_time(int n, long drafts, speculation_load const& load) const
   {
-    return s_.cost.fixed + s_.cost.per_query * n + s_.cost.per_fetched_row * load.fetched_rows_per_query * n +
-           draft_cost(load) * double(drafts);
+    return step_time(n, drafts, load, draft_cost(load));
   }
 
   /**
@@ -153,11 +152,10 @@ class speculation_controller {
   {
     DHISPARSE_EXPECTS(n >= 0 && (n == 0 || (requests != nullptr && num_drafts != nullptr)),
                       "speculation_controller::choose: requests and num_drafts must not be null");
-    check(load);  // before any output is written
+    double const per_draft = draft_cost(load);  // checks the load; once, not per candidate D
     std::vector<std::pair<double, int>> increments;  // (α_b^k, i), every request's k = 1 … cap
     double tokens = 0.0;
-    for (int i = 0; i < n; ++i) {
-      num_drafts[i] = 0;
+    for (int i = 0; i < n; ++i) {  // (acceptance checks each request index before anything is written)
       int const cap = std::min(s_.max_drafts, limit != nullptr ? std::max(0, limit[i]) : s_.max_drafts);
       double const a = acceptance(requests[i]);
       double term    = 1.0;
@@ -166,16 +164,17 @@ class speculation_controller {
     }
     std::stable_sort(increments.begin(), increments.end(),
                      [](auto const& x, auto const& y) { return x.first > y.first; });
-    double best      = n > 0 ? tokens / step_time(n, 0, load) : 0.0;
+    double best      = n > 0 ? tokens / step_time(n, 0, load, per_draft) : 0.0;
     std::size_t take = 0;
     for (std::size_t D = 1; D <= increments.size(); ++D) {
       tokens += increments[D - 1].first;
-      double const rate = tokens / step_time(n, long(D), load);
+      double const rate = tokens / step_time(n, long(D), load, per_draft);
       if (rate > best) {
         best = rate;
         take = D;
       }
     }
+    std::fill(num_drafts, num_drafts + n, 0);
     for (std::size_t j = 0; j < take; ++j) { ++num_drafts[increments[j].second]; }
     return best;
   }
@@ -230,6 +229,12 @@ class speculation_controller {
   request_stats fresh() const
   {
     return {s_.prior_acceptance * s_.prior_weight, (1.0 - s_.prior_acceptance) * s_.prior_weight};
+  }
+  /// `step_time` with the load's draft cost already computed.
+  double step_time(int n, long drafts, speculation_load const& load, double per_draft) const
+  {
+    return s_.cost.fixed + s_.cost.per_query * n + s_.cost.per_fetched_row * load.fetched_rows_per_query * n +
+           per_draft * double(drafts);
   }
   /// A load the cost model can use: finite, non-negative fetched rows and occupancy.
   static void check(speculation_load const& load)

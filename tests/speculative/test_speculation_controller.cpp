@@ -268,6 +268,9 @@ TEST_CASE("speculation controller: a load it cannot use is refused before anythi
   REQUIRE_THROWS_WITH(c.choose_shape(requests, 2, infinite_shape, 3, speculation_load{}, drafts),
                       Catch::Contains("finite"));
   CHECK(drafts[0] == -7);
+  std::int32_t const unknown[2] = {0, 2};  // the second index is beyond max_requests
+  REQUIRE_THROWS_WITH(c.choose(unknown, 2, speculation_load{}, drafts), Catch::Contains("out of range"));
+  CHECK(drafts[0] == -7);
   CHECK(c.acceptance(0) == before);
   // An occupancy above 1 (a pool limit lowered below what is owned) counts as a full pool.
   speculation_load full, over;
