@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,39 @@ inline dhisparse::detail::pinned_host_memory host_memory_of(host_memory kind, st
   host_store_config c;
   c.memory = kind;
   return dhisparse::detail::pinned_host_memory(c, bytes);
+}
+
+/**
+ * @brief A miss plan of `rows` distinct random rows of `row_bytes` in a pool of `pool_rows`
+ *        rows at device address `base`, in the order they were drawn; slots a random
+ *        permutation of [0, rows), entry i's query index i.
+ */
+inline std::vector<miss_entry> random_plan(std::byte* base, std::size_t pool_rows, int rows, int row_bytes,
+                                           std::mt19937_64& rng)
+{
+  std::vector<std::size_t> picks;
+  std::vector<char> used(pool_rows, 0);
+  while (int(picks.size()) < rows) {
+    std::size_t const p = rng() % pool_rows;
+    if (!used[p]) {
+      used[p] = 1;
+      picks.push_back(p);
+    }
+  }
+  std::vector<std::int32_t> slots(static_cast<std::size_t>(rows));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<miss_entry> plan(static_cast<std::size_t>(rows));
+  for (int i = 0; i < rows; ++i) {
+    plan[std::size_t(i)] = miss_entry{base + picks[std::size_t(i)] * std::size_t(row_bytes), slots[std::size_t(i)], i};
+  }
+  return plan;
+}
+
+/// Sorts plan entries [first, last) by host address (the order `order_plan_async` gives).
+inline void sort_by_address(std::vector<miss_entry>::iterator first, std::vector<miss_entry>::iterator last)
+{
+  std::sort(first, last, [](miss_entry const& a, miss_entry const& b) { return a.src < b.src; });
 }
 
 /// 16-byte vector `i` of the fill pattern (never all zero).

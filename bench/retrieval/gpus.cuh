@@ -16,9 +16,9 @@
  *   retrieve  every GPU gathers its plan with `retrieve_async`, all at once.
  * "At once": each GPU's stream waits behind a gate kernel that polls one mapped host word;
  * the host releases every gate after all work is enqueued, so the GPUs start together,
- * apart only by how soon each sees the word (not measured here). A GPU's time runs from its gate's release to the end
- * of its work (events on its stream); the aggregate bandwidth is the bytes of all GPUs over
- * the longest of those times. Reported per GPU count and row size: aggregate GB/s of both,
+ * apart only by how soon each sees the word (not measured here). A GPU's time runs from
+ * its gate's release to the end of its work (events on its stream); the aggregate
+ * bandwidth is the bytes of all GPUs over the longest of those times. Reported per GPU count and row size: aggregate GB/s of both,
  * per-GPU GB/s, and each GPU's gather over its concurrent memcpy (`of_memcpy`); per GPU also
  * its solo memcpy (alone on the link). Gathered rows are checked against the host bytes.
  */
@@ -32,7 +32,6 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,25 +104,8 @@ struct gpu_lane {
   /// address, slots a permutation; uploaded as the pristine plan.
   void make_plan(int rows, int row_bytes, std::size_t pool_bytes, std::mt19937_64& rng)
   {
-    std::size_t const pool_rows = pool_bytes / std::size_t(row_bytes);
-    std::vector<char> used(pool_rows, 0);
-    std::vector<std::size_t> picks;
-    while (int(picks.size()) < rows) {
-      std::size_t const p = rng() % pool_rows;
-      if (!used[p]) {
-        used[p] = 1;
-        picks.push_back(p);
-      }
-    }
-    std::sort(picks.begin(), picks.end());
-    std::vector<std::int32_t> slots(static_cast<std::size_t>(rows));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    std::vector<miss_entry> plan(static_cast<std::size_t>(rows));
-    for (int i = 0; i < rows; ++i) {
-      plan[std::size_t(i)] = miss_entry{pool.device() + picks[std::size_t(i)] * std::size_t(row_bytes),
-                                        slots[std::size_t(i)], i};
-    }
+    auto plan = random_plan(pool.device(), pool_bytes / std::size_t(row_bytes), rows, row_bytes, rng);
+    sort_by_address(plan.begin(), plan.end());
     DHISPARSE_CUDA_TRY(cudaSetDevice(device));
     DHISPARSE_CUDA_TRY(cudaMemcpy(pristine, plan.data(), sizeof(miss_entry) * plan.size(), cudaMemcpyHostToDevice));
     DHISPARSE_CUDA_TRY(cudaMemcpy(count, &rows, sizeof rows, cudaMemcpyHostToDevice));

@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -109,29 +108,15 @@ int main(int argc, char** argv)
       for (int rows : row_counts) {
         if (std::size_t(rows) > pool_rows / 2) { continue; }
         // `rotations` plans of distinct random rows; slots are a permutation.
-        std::vector<miss_entry> random_plans(std::size_t(rows) * rotations), sorted_plans;
+        std::vector<miss_entry> random_plans, sorted_plans;
         for (int r = 0; r < rotations; ++r) {
-          std::vector<std::size_t> picks;
-          std::vector<char> used(pool_rows, 0);
-          while (int(picks.size()) < rows) {
-            std::size_t const p = rng() % pool_rows;
-            if (!used[p]) {
-              used[p] = 1;
-              picks.push_back(p);
-            }
-          }
-          std::vector<std::int32_t> slots(static_cast<std::size_t>(rows));
-          std::iota(slots.begin(), slots.end(), 0);
-          std::shuffle(slots.begin(), slots.end(), rng);
-          for (int i = 0; i < rows; ++i) {
-            random_plans[std::size_t(r) * rows + i] =
-              miss_entry{mem.device() + picks[std::size_t(i)] * std::size_t(row_bytes), slots[std::size_t(i)], i};
-          }
+          auto const plan = rb::random_plan(mem.device(), pool_rows, rows, row_bytes, rng);
+          random_plans.insert(random_plans.end(), plan.begin(), plan.end());
         }
         sorted_plans = random_plans;
         for (int r = 0; r < rotations; ++r) {
-          std::sort(sorted_plans.begin() + std::ptrdiff_t(r) * rows, sorted_plans.begin() + std::ptrdiff_t(r + 1) * rows,
-                    [](miss_entry const& a, miss_entry const& b) { return a.src < b.src; });
+          rb::sort_by_address(sorted_plans.begin() + std::ptrdiff_t(r) * rows,
+                              sorted_plans.begin() + std::ptrdiff_t(r + 1) * rows);
         }
         std::vector<std::int32_t> const host_counts(rotations, rows);
         DHISPARSE_CUDA_TRY(cudaMemcpy(counts, host_counts.data(), sizeof(std::int32_t) * rotations, cudaMemcpyHostToDevice));
