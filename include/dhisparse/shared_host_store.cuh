@@ -43,6 +43,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -73,7 +74,8 @@ class shared_host_store {
       row_bytes_{row_bytes},
       max_context_{config.max_context},
       device_{detail::chosen_device(config.device, "shared_host_store")},
-      lists_{(check(config, row_bytes), config.host.capacity_pages), config.host.tokens_per_page, config.max_context}
+      lists_{(check(config, row_bytes), config.host.capacity_pages), config.host.tokens_per_page, config.max_context,
+             max_ids(config)}
   {
     layouts_ = detail::make_group_layouts(config_, group_layers_, row_bytes_, page_bytes_);
     auto const on_device = detail::device_guard{device_};  // NUMA placement near this device
@@ -114,40 +116,27 @@ class shared_host_store {
   [[nodiscard]] numa_binding const& numa() const noexcept { return memory_.numa(); }
 
   /// Pages no request holds (parked ones included).
-  [[nodiscard]] std::size_t free_pages() const
-  {
-    std::lock_guard<std::mutex> lock{mutex_};
-    return lists_.free_pages();
-  }
+  [[nodiscard]] std::size_t free_pages() const { return lists_.free_pages(); }
   /// Ranks holding request `id` (0: none).
-  [[nodiscard]] int holders(request_id id) const
-  {
-    std::lock_guard<std::mutex> lock{mutex_};
-    return lists_.holders(std::uint64_t(id));
-  }
+  [[nodiscard]] int holders(request_id id) const { return lists_.holders(std::uint64_t(id)); }
 
   // ------------------------------------------------------------------------------------
-  // Used by the ranks' host stores (host_store.cuh); all or nothing, thread-safe.
+  // Used by the ranks' host stores (host_store.cuh); all or nothing, thread-safe (the page
+  // lists lock themselves).
   // ------------------------------------------------------------------------------------
 
   /// Pages `id` would take to cover [0, capacity).
   [[nodiscard]] std::size_t missing_pages(request_id id, std::int64_t capacity) const
   {
-    std::lock_guard<std::mutex> lock{mutex_};
     return lists_.missing_pages(std::uint64_t(id), capacity);
   }
   /// One more rank holds `id` (see `detail::shared_page_lists::hold`); its page list.
   std::vector<std::int32_t> hold(request_id id, std::int32_t length, std::int64_t capacity)
   {
-    std::lock_guard<std::mutex> lock{mutex_};
     return lists_.hold(std::uint64_t(id), length, capacity);
   }
   /// The page list of a held `id`, covering at least [0, capacity).
-  std::vector<std::int32_t> grow(request_id id, std::int64_t capacity)
-  {
-    std::lock_guard<std::mutex> lock{mutex_};
-    return lists_.grow(std::uint64_t(id), capacity);
-  }
+  std::vector<std::int32_t> grow(request_id id, std::int64_t capacity) { return lists_.grow(std::uint64_t(id), capacity); }
   /**
    * One rank releases `id`: an event recorded on `stream` (a stream of the current device)
    * tells when that rank is done with the pages (inside a stream capture: at once).
@@ -169,14 +158,12 @@ class shared_host_store {
         return true;
       };
     }
-    std::lock_guard<std::mutex> lock{mutex_};
     lists_.drop(std::uint64_t(id), std::move(done));
   }
 
   /// One rank lets go of `id` with nothing in flight (a rank destroyed while holding it).
   void drop_now(request_id id) noexcept
   {
-    std::lock_guard<std::mutex> lock{mutex_};
     try {
       lists_.drop(std::uint64_t(id), nullptr);
     } catch (...) {  // not held: nothing to let go of
@@ -207,6 +194,10 @@ class shared_host_store {
     DHISPARSE_EXPECTS(c.max_context > 0, "shared_host_store: max_context must be positive");
     return c.host.capacity_pages;
   }
+
+  /// Request ids held or parked at once: every rank's requests, and as many released ones
+  /// whose streams have not passed their release yet.
+  static std::int32_t max_ids(hierarchy_config const& c) { return 2 * std::max(c.max_requests, 1) + 64; }
 
   host_store_config config_;
   std::vector<int> group_layers_;

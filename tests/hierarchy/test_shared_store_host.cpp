@@ -5,6 +5,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -144,5 +148,161 @@ TEST_CASE("shared host store: random admissions over three ranks never share a p
       }
     }
     REQUIRE(in_lists + lists.free_pages() == 64);
+  }
+}
+
+namespace {
+
+/// A shared anonymous mapping both sides of a fork see.
+struct shared_mapping {
+  explicit shared_mapping(std::size_t n) : bytes{n}
+  {
+    memory = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(memory != MAP_FAILED);
+  }
+  ~shared_mapping() { ::munmap(memory, bytes); }
+  std::size_t bytes;
+  void* memory;
+};
+
+/// Runs `child` in a forked process; returns its exit status (0: every check held).
+template <class F>
+int in_child(F child)
+{
+  pid_t const pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = 1;
+    try {
+      rc = child();
+    } catch (...) {
+      rc = 2;
+    }
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+/// Waits (at most about 20 s) until `flag` is set; false on time-out.
+bool await(std::int32_t const volatile& flag)
+{
+  for (int i = 0; i < 20000 && flag == 0; ++i) { ::usleep(1000); }
+  return flag != 0;
+}
+
+int wait_child(int pid)
+{
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+}  // namespace
+
+TEST_CASE("shared host store: page lists in shared memory serve ranks in two processes", "[shared_store]")
+{
+  constexpr std::size_t pages = 64;
+  constexpr int ppp = 8, max_context = 512, max_ids = 32;
+  std::size_t const bytes = shared_page_lists::state_bytes(pages, max_ids);
+  shared_mapping state(bytes);
+  shared_mapping board(4096);  // the child's findings
+  auto* seen = static_cast<std::int32_t*>(board.memory);
+  shared_page_lists lists(state.memory, bytes, pages, ppp, max_context, max_ids, true, true);
+
+  SECTION("the same request gets the same pages in both; a mismatched shape is refused")
+  {
+    auto const mine = lists.hold(5, 40, 60);
+    REQUIRE(mine.size() == 8);
+    int const child = in_child([&] {
+      REQUIRE_THROWS(shared_page_lists(state.memory, bytes, pages, ppp * 2, max_context, max_ids, false, true));
+      shared_page_lists other(state.memory, bytes, pages, ppp, max_context, max_ids, false, true);
+      auto const theirs = other.hold(5, 40, 60);
+      std::copy(theirs.begin(), theirs.end(), seen);
+      seen[63] = int(theirs.size());
+      seen[62] = other.holders(5);
+      return 0;
+    });
+    REQUIRE(wait_child(child) == 0);
+    REQUIRE(seen[63] == 8);
+    REQUIRE(seen[62] == 2);
+    REQUIRE(std::equal(mine.begin(), mine.end(), seen));
+    REQUIRE(lists.holders(5) == 2);
+    REQUIRE(lists.free_pages() == pages - 8);
+  }
+
+  SECTION("pages parked behind the other process's release wait until it settles")
+  {
+    lists.hold(1, 0, std::int64_t(pages) * ppp / 2);
+    int const child = in_child([&] {
+      shared_page_lists other(state.memory, bytes, pages, ppp, max_context, max_ids, false, true);
+      other.hold(1, 0, std::int64_t(pages) * ppp / 2);
+      auto const event = std::make_shared<fake_event>();
+      other.drop(1, token(event));  // its stream has not passed the release yet
+      seen[0] = 1;
+      if (!await(seen[1])) { return 4; }  // the parent tried and was refused
+      event->passed = true;
+      other.settle();
+      seen[2] = 1;
+      return await(seen[3]) ? 0 : 5;
+    });
+    REQUIRE(await(seen[0]));
+    lists.drop(1, nullptr);  // the last holder: parked behind the child's token
+    REQUIRE(lists.free_pages() == pages);
+    REQUIRE_THROWS_WITH(lists.hold(2, 0, std::int64_t(pages) * ppp), Catch::Contains("another process"));
+    REQUIRE(lists.holders(2) == 0);
+    seen[1] = 1;
+    REQUIRE(await(seen[2]));
+    REQUIRE(lists.hold(2, 0, std::int64_t(pages) * ppp).size() == pages);  // every page, the parked ones too
+    seen[3] = 1;
+    REQUIRE(wait_child(child) == 0);
+  }
+
+  SECTION("random admissions from both processes at once: no page in two lists, none lost")
+  {
+    auto churn = [&](shared_page_lists& l, std::uint64_t seed, std::uint64_t first_id) {
+      std::mt19937_64 rng(seed);
+      std::vector<std::uint64_t> held;
+      for (int step = 0; step < 3000; ++step) {
+        std::uint64_t const id = first_id + rng() % 24;  // 12 ids of one side, 12 of both
+        bool const holds       = std::find(held.begin(), held.end(), id) != held.end();
+        try {
+          if (holds && rng() % 3 == 0) {
+            auto const e = std::make_shared<fake_event>();
+            e->passed    = rng() % 2 == 0;
+            l.drop(id, token(e));
+            held.erase(std::find(held.begin(), held.end(), id));
+          } else if (holds) {
+            l.grow(id, std::int64_t(rng() % (max_context + 1)));
+          } else {
+            std::int32_t const length = std::int32_t(id % 8) * 4;
+            l.hold(id, length, length + std::int64_t(rng() % 64));
+            held.push_back(id);
+          }
+        } catch (dhisparse::error const&) {
+        }
+        // Pages of distinct requests never overlap (one consistent view of every list).
+        if (step % 50 == 0) {
+          std::set<std::int32_t> used;
+          for (auto const& list : l.held_lists()) {
+            for (auto p : list) {
+              if (!used.insert(p).second) { return false; }
+            }
+          }
+        }
+      }
+      for (auto id : held) { l.drop(id, nullptr); }
+      return true;
+    };
+    std::uint64_t const seed = Catch::rngSeed();
+    int const child = in_child([&] {
+      shared_page_lists other(state.memory, bytes, pages, ppp, max_context, max_ids, false, true);
+      return churn(other, seed + 1, 12) ? 0 : 3;  // ids 12–35
+    });
+    bool const ok = churn(lists, seed + 2, 0);  // ids 0–23
+    REQUIRE(wait_child(child) == 0);
+    REQUIRE(ok);
+    REQUIRE(lists.requests() == 0);
+    REQUIRE(lists.free_pages() == pages);
+    REQUIRE(lists.hold(99, 0, std::int64_t(pages) * ppp).size() == pages);  // every parked page came back
   }
 }
