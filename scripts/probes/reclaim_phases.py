@@ -13,22 +13,16 @@ library: this script fails loudly when the code it patches has moved.
 
 Usage: scripts/probes/reclaim_phases.py [SOURCE_TREE] [OUT_DIR]
 """
-import os, shutil, subprocess, sys
+import os, sys
 
-src = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), '..', '..'))
-out = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else '/tmp/reclaim_phases')
-shutil.rmtree(out, ignore_errors=True)
-for d in ('include', 'bench'):
-    shutil.copytree(os.path.join(src, d), os.path.join(out, d))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import probe_tree
+
+src, out = probe_tree.copy_tree(sys.argv, '/tmp/reclaim_phases')
+
 
 def patch(path, edits):
-    p = os.path.join(out, path)
-    s = open(p).read()
-    for old, new in edits:
-        if old not in s:
-            sys.exit(f'reclaim_phases: cannot find in {path}:\n{old}')
-        s = s.replace(old, new, 1)
-    open(p, 'w').write(s)
+    probe_tree.patch(out, path, edits, 'reclaim_phases')
 
 patch('include/dhisparse/detail/reclaim/kernels.cuh', [
     ('inline constexpr int block_size = 512;', '''inline constexpr int block_size = 512;
@@ -59,11 +53,4 @@ patch('bench/resolve/resolve.cu', [
       std::memset(tr, 0, sizeof tr);
       DHISPARSE_CUDA_TRY(cudaMemcpyToSymbol(dhisparse::detail::reclaim::reclaim_trace, tr, sizeof tr));'''),
 ])
-nvcc = os.environ.get('NVCC', '/usr/local/cuda/bin/nvcc')
-obj, exe = os.path.join(out, 'resolve.o'), os.path.join(out, 'bench_resolve_phases')
-subprocess.check_call([nvcc, '-I' + os.path.join(out, 'include'), '-I' + os.path.join(out, 'bench'), '-O3', '-DNDEBUG',
-                       '--generate-code=arch=compute_90,code=[compute_90,sm_90]', '--expt-relaxed-constexpr',
-                       '-std=c++17', '-x', 'cu', '-c', os.path.join(out, 'bench/resolve/resolve.cu'), '-o', obj])
-subprocess.check_call(['g++', obj, '-o', exe, '-lcudadevrt', '-lcudart_static', '-lrt', '-lpthread', '-ldl',
-                       '-L/usr/local/cuda/targets/x86_64-linux/lib'])
-print(exe)
+print(probe_tree.build(out, 'resolve/resolve.cu', 'bench_resolve_phases'))

@@ -22,23 +22,16 @@ script fails loudly when the code it patches has moved.
 Usage: scripts/probes/resolve_phases.py [SOURCE_TREE] [OUT_DIR]
 then e.g. `OUT_DIR/bench_resolve_phases --batches 1,128` on the GPU.
 """
-import os, shutil, subprocess, sys
+import os, sys
 
-src = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), '..', '..'))
-out = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else '/tmp/resolve_phases')
-shutil.rmtree(out, ignore_errors=True)
-for d in ('include', 'bench'):
-    shutil.copytree(os.path.join(src, d), os.path.join(out, d))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import probe_tree
+
+src, out = probe_tree.copy_tree(sys.argv, '/tmp/resolve_phases')
 
 
 def patch(path, edits):
-    p = os.path.join(out, path)
-    s = open(p).read()
-    for old, new in edits:
-        if s.count(old) != 1:
-            sys.exit(f'resolve_phases: expected exactly one of these in {path}:\n{old}')
-        s = s.replace(old, new, 1)
-    open(p, 'w').write(s)
+    probe_tree.patch(out, path, edits, 'resolve_phases')
 
 
 # Mark indices (the bench prints them in this order).
@@ -138,11 +131,4 @@ patch('bench/resolve/resolve.cu', [
 '''),
 ])
 
-nvcc = os.environ.get('NVCC', '/usr/local/cuda/bin/nvcc')
-obj, exe = os.path.join(out, 'resolve.o'), os.path.join(out, 'bench_resolve_phases')
-subprocess.check_call([nvcc, '-I' + os.path.join(out, 'include'), '-I' + os.path.join(out, 'bench'), '-O3', '-DNDEBUG',
-                       '--generate-code=arch=compute_90,code=[compute_90,sm_90]', '--expt-relaxed-constexpr',
-                       '-std=c++17', '-x', 'cu', '-c', os.path.join(out, 'bench/resolve/resolve.cu'), '-o', obj])
-subprocess.check_call(['g++', obj, '-o', exe, '-lcudadevrt', '-lcudart_static', '-lrt', '-lpthread', '-ldl',
-                       '-L/usr/local/cuda/targets/x86_64-linux/lib'])
-print(exe)
+print(probe_tree.build(out, 'resolve/resolve.cu', 'bench_resolve_phases'))
