@@ -19,8 +19,14 @@
 // only gets SMs as attention blocks retire unless it holds a few of its own.
 //
 // Backup beside retrieval: the retrieval's GB/s alone, beside a 2 GiB device → host
-// cudaMemcpyAsync (copy engine, full duplex), and beside a backup-like kernel (warp per
-// 656-B row, zero-copy stores into mapped host memory, as `backup_async` copies).
+// cudaMemcpyAsync (copy engine, full duplex), beside a backup-like kernel that floods the
+// link (2 blocks per SM, warp per 656-B row, zero-copy stores into mapped host memory, no
+// fence), and beside a paced backup: the library's copy (warp per row, each row fenced
+// system-wide before the next, as `backup_async` copies) on grids of 1, 2, 4, … blocks up
+// to 2 per SM (`hierarchy_config::backup_blocks`), running exactly while the retrieval
+// runs (the retrieval stream raises a stop flag after its last gather). A decode step
+// commits B × groups rows (5 MB at B = 128, 61 groups of 656 B): the smallest grid whose
+// backup GB/s keeps up with that over a step is the one to choose.
 #include <dhisparse/detail/warp_copy.cuh>
 #include <dhisparse/retrieve.cuh>
 #include <dhisparse/sparse_attention.cuh>
@@ -62,6 +68,37 @@ __global__ void backup_like_kernel(std::byte const* rows, std::byte* host, std::
                                  reinterpret_cast<int4 const*>(rows + (i % (1 << 16)) * row_bytes), row_bytes / 16,
                                  lane);
   }
+}
+
+/// The paced backup: warp per row as `backup_async` copies (16-byte stores into mapped
+/// host memory, fenced system-wide before the next row), until `*stop` is raised (or
+/// `max_rows` rows, a bound for safety); adds the rows it copied to `*copied`.
+template <int Dummy = 0>
+__global__ void paced_backup_kernel(std::byte const* rows, std::byte* host, std::int64_t src_rows, int row_bytes,
+                                    std::int64_t host_rows, int const volatile* stop, std::int64_t max_rows,
+                                    unsigned long long* copied)
+{
+  int const lane        = threadIdx.x & 31;
+  std::int64_t const w  = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  std::int64_t const ws = std::int64_t(gridDim.x) * blockDim.x / 32;
+  unsigned long long done = 0;
+  for (std::int64_t i = w; i < max_rows; i += ws) {
+    if (__shfl_sync(0xffffffffu, lane == 0 ? *stop : 0, 0) != 0) { break; }
+    std::int64_t const to = (i * 7919) % host_rows;
+    dhisparse::detail::warp_copy(reinterpret_cast<int4*>(host + to * row_bytes),
+                                 reinterpret_cast<int4 const*>(rows + (i % src_rows) * row_bytes), row_bytes / 16, lane);
+    __threadfence_system();
+    __syncwarp();
+    ++done;
+  }
+  if (lane == 0 && done > 0) { atomicAdd(copied, done); }
+}
+
+template <int Dummy = 0>
+__global__ void raise_stop_kernel(int* stop)
+{
+  *reinterpret_cast<int volatile*>(stop) = 1;
+  __threadfence_system();
 }
 
 struct shape {
@@ -152,6 +189,10 @@ int main(int argc, char** argv)
   DHISPARSE_CUDA_TRY(cudaMemsetAsync(d2h_dev, 0x22, d2h_bytes, attn));
   std::byte* d2h_host_dev = nullptr;
   DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d2h_host_dev), d2h_host, 0));
+  int* stop_flag                  = nullptr;  // the paced backup's stop flag and row count
+  unsigned long long* copied_rows = nullptr;
+  DHISPARSE_CUDA_TRY(cudaMalloc(&stop_flag, sizeof(int)));
+  DHISPARSE_CUDA_TRY(cudaMalloc(&copied_rows, sizeof(unsigned long long)));
   DHISPARSE_CUDA_TRY(cudaStreamSynchronize(attn));
 
   std::vector<cudaEvent_t> ev(4 * groups + 8);
@@ -342,6 +383,41 @@ int main(int argc, char** argv)
     report.field("with_backup_kernel_of_solo", solo / with_kernel);
     report.field("backup_kernel_ms", backup_ms);
     report.field("backup_covers_retrieval", backup_ms >= with_kernel ? 1.0 : 0.0);
+
+    // Paced backup: the same retrievals beside the library's copy on grids of growing size.
+    std::printf("  beside a paced backup (warp per fenced row, runs while retrieval runs):\n");
+    std::printf("    %-14s %12s %10s %14s\n", "backup_blocks", "retr_GB/s", "of_solo", "backup_GB/s");
+    std::vector<int> paces = {1, 2, 4, 8, 16, 32, sms, 2 * sms};
+    for (int const blocks : paces) {
+      double backup_span = 0;
+      unsigned long long copied = 0;
+      double const with_paced = timed(retr, [&] {
+        DHISPARSE_CUDA_TRY(cudaMemsetAsync(stop_flag, 0, sizeof(int), side));
+        DHISPARSE_CUDA_TRY(cudaMemsetAsync(copied_rows, 0, sizeof(unsigned long long), side));
+        DHISPARSE_CUDA_TRY(cudaEventRecord(ev[2], side));
+        paced_backup_kernel<<<blocks, 256, 0, side>>>(static_cast<std::byte const*>(d2h_dev), d2h_host_dev,
+                                                      std::int64_t(1) << 16, int(fp8_row::bytes), backup_rows,
+                                                      stop_flag, backup_rows, copied_rows);
+        DHISPARSE_CUDA_TRY(cudaGetLastError());
+        DHISPARSE_CUDA_TRY(cudaEventRecord(ev[3], side));
+        DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(retr, ev[2], 0));  // the flag is down before it is raised
+        for (int g = 0; g < groups; ++g) { retrieve(g, 0, retr); }
+        raise_stop_kernel<<<1, 1, 0, retr>>>(stop_flag);
+        DHISPARSE_CUDA_TRY(cudaGetLastError());  // (each repetition starts after a device synchronize)
+      });
+      backup_span = elapsed(ev[2], ev[3]);
+      DHISPARSE_CUDA_TRY(cudaMemcpy(&copied, copied_rows, sizeof copied, cudaMemcpyDeviceToHost));
+      double const retr_gbps   = bytes_per_loop / (with_paced * 1e6);
+      double const backup_gbps = double(copied) * fp8_row::bytes / (backup_span * 1e6);
+      std::printf("    %-14d %12.1f %10.2f %14.2f\n", blocks, retr_gbps, solo / with_paced, backup_gbps);
+      new_record("beside_paced_backup");
+      report.field("backup_blocks", double(blocks));
+      report.field("gbps", retr_gbps);
+      report.field("of_solo", solo / with_paced);
+      report.field("backup_gbps", backup_gbps);
+      report.field("backup_rows", double(copied));
+      report.field("backup_ms", backup_span);
+    }
     cudaFree(plans);
     cudaFree(counts);
   }
@@ -350,6 +426,8 @@ int main(int argc, char** argv)
   for (auto& e : ev) { cudaEventDestroy(e); }
   cudaFreeHost(d2h_host);
   cudaFree(d2h_dev);
+  cudaFree(stop_flag);
+  cudaFree(copied_rows);
   cudaFree(attn_ws);
   cudaFree(queries);
   cudaFree(out);

@@ -150,6 +150,10 @@ struct options {
   std::string fetch   = "auto";     ///< auto, fused, split, layered
   bool indexer        = true;       ///< run the indexer stand-in (scores + top-K pass)
   int hisparse_buffer = 4096;       ///< fixed; static_budget<4096> is compiled in
+  /// hierarchy_config::order_plans: -1 off; N ≥ 0 on, for plans of at least N entries
+  /// (split and layered fetches; the fused one copies in emission order).
+  int order_plans     = -1;
+  int backup_blocks   = 0;          ///< hierarchy_config::backup_blocks (0: 64 per group)
   std::uint64_t seed  = 1;
 
   static std::vector<int> int_list(std::string const& s)
@@ -179,6 +183,7 @@ struct options {
       "          [--vocab V] [--drafts D] [--survival s1,s2,...] [--alpha A] [--draft-dist one_hot|candidates]\n"
       "          [--fetch auto|fused|split|layered] [--no-indexer] [--templates R] [--trace FILE] [--seed S]\n"
       "          [--union-steps N] [--spec-length controller|fixed] [--calibration-steps N]\n"
+      "          [--order-plans MIN_ENTRIES] [--backup-blocks N]\n"
       "modes: resident, hisparse, adaptive, adaptive+spec\n",
       argv0);
   }
@@ -263,6 +268,12 @@ struct options {
         o.calibration_steps = std::max(1, std::atoi(value().c_str()));
       } else if (a == "--fetch") {
         o.fetch = value();
+      } else if (a == "--order-plans") {
+        o.order_plans = std::atoi(value().c_str());
+        DHISPARSE_EXPECTS(o.order_plans >= 0, "--order-plans needs a minimum plan size ≥ 0");
+      } else if (a == "--backup-blocks") {
+        o.backup_blocks = std::atoi(value().c_str());
+        DHISPARSE_EXPECTS(o.backup_blocks >= 0, "--backup-blocks must be ≥ 0 (0: 64 per group)");
       } else if (a == "--no-indexer") {
         o.indexer = false;
       } else if (a == "--templates") {

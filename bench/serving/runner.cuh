@@ -200,6 +200,9 @@ run_result run_mode(scenario_setup const& su, device_buffers& db, run_config con
   hc.max_context            = su.max_capacity;
   hc.device_slots_per_group = su.pool_slots;
   hc.backup_interval_steps  = backup_interval_for(resident, su);
+  hc.backup_blocks          = su.opt->backup_blocks;
+  hc.order_plans            = su.opt->order_plans >= 0;
+  hc.order_plans_min_entries = std::max(su.opt->order_plans, 0);
   hc.host.capacity_pages    = su.host_bytes / su.page_bytes;
   hc.host.tokens_per_page   = 64;
   hc.host.memory            = host_memory::caller;

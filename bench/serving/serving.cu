@@ -560,6 +560,10 @@ scenario_outcome run_scenario(options const& o, std::string const& name, device_
                                     : "layered (layer 0 first, the rest on a side stream)",
     o.latency_bound_ms, templates->source.c_str());
   std::printf("assumptions: %s\n", out.assumptions.c_str());
+  std::printf("hierarchy: miss plans %s; backup grid %s\n",
+              o.order_plans < 0 ? "gathered as emitted"
+                                : ("ordered by host address from " + std::to_string(o.order_plans) + " entries").c_str(),
+              o.backup_blocks == 0 ? "64 blocks per group" : (std::to_string(o.backup_blocks) + " blocks").c_str());
   std::printf("device memory: %.1f GiB of slabs per run + %.1f GiB of benchmark buffers\n", gib(slab_bytes),
               gib(double(buffer_bytes)));
   print_header();
@@ -831,6 +835,8 @@ int run(int argc, char** argv)
   js.set("quick", o.quick ? 1.0 : 0.0);
   js.set("latency_bound_ms", o.latency_bound_ms);
   js.set("steps", double(o.steps));
+  js.set("order_plans_min_entries", double(o.order_plans));  // -1: plans gathered as emitted
+  js.set("backup_blocks", double(o.backup_blocks));
   std::vector<scenario_outcome> all;
   for (auto const& name : o.scenarios) {
     all.push_back(run_scenario(o, name, &db));

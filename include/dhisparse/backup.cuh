@@ -5,7 +5,11 @@
  *
  * Each group's dirty list holds the slots committed since the last backup. One warp
  * copies one group row (all layers) to its host page with 16-byte stores over PCIe,
- * fences them system-wide, and only then clears the slot's dirty flag. Rows committed
+ * fences them system-wide, and only then clears the slot's dirty flag. The warps of one
+ * 1-D grid take the rows of all groups round-robin, so the grid's size paces the backup:
+ * a few blocks (a few rows in flight) keep up with a decode step's commits while leaving
+ * the link to retrieval, which runs the other way but shares the GPU's PCIe engine and
+ * memory system; the default (64 blocks per group) finishes a large backup fastest. Rows committed
  * while the list was full (`status_dirty_list_overflow`) are found by a scan of the pool
  * (dirty rows below their request's committed length) in the same backup, so a late
  * backup costs a scan but loses nothing. A last launch empties the lists. Slots that were
@@ -39,7 +43,7 @@ struct backup_params {
 
 /**
  * @brief Enqueues the backup of every group's dirty rows on `stream`.
- * @param blocks blocks per group (0: a default)
+ * @param blocks blocks of the grid, shared by all groups (≤ 0: 64 per group)
  * @return cudaErrorInvalidValue (nothing enqueued) when `backup_params_problem` reports a
  *         problem, else the launch status
  */

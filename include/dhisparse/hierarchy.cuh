@@ -184,7 +184,8 @@ class kv_hierarchy {
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(const_cast<std::int32_t*>(committed_rows()), 0,
                                        std::size_t(config_.max_batch) * sizeof(std::int32_t), stream));
     commit_status_.fill_bytes(0, stream);
-    workspace_bytes_ = workspace_size(config_);
+    workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries, config_.max_top_k,
+                                              config_.max_context);
     for (int i = 0; i < 2; ++i) {
       slot_tables_[i].fill_bytes(0xFF, stream);
       plan_counts_[i].fill_bytes(0, stream);
@@ -685,6 +686,7 @@ class kv_hierarchy {
     DHISPARSE_CUDA_TRY(
       (resolve_async<Eviction, Budget>(p, workspaces_[group % 2].data(), workspace_bytes_, stream)));
     resolved_top_k_[std::size_t(group)] = top_k;
+    plan_ordered_[std::size_t(group % 2)] = false;
   }
 
  public:
@@ -698,7 +700,17 @@ class kv_hierarchy {
     DHISPARSE_NVTX_RANGE("dhisparse::retrieve");
     auto const on_device = binding_.enter();
     requests_.check_retrieve(group, layer_begin, layer_end);
-    DHISPARSE_CUDA_TRY(retrieve_async(retrieve_args(group, plan_ref(group), layer_begin, layer_end), 0, stream));
+    retrieve_params const args = retrieve_args(group, plan_ref(group), layer_begin, layer_end);
+    bool& ordered              = plan_ordered_[std::size_t(group % 2)];
+    if (config_.order_plans && !ordered) {  // the first retrieve of this plan orders it
+      plan_order_params const order{plan_ref(group), host_.ref().base, host_.bytes(), config_.order_plans_min_entries};
+      std::size_t const at = order_workspace_offset(config_);
+      DHISPARSE_CUDA_TRY(
+        retrieve_async(args, order, workspaces_[group % 2].data() + at, workspace_size(config_) - at, 0, stream));
+      ordered = true;
+      return;
+    }
+    DHISPARSE_CUDA_TRY(retrieve_async(args, 0, stream));
   }
 
   /**
@@ -996,7 +1008,7 @@ class kv_hierarchy {
     p.lengths    = lengths();
     p.num_groups = config_.num_groups();
     p.copy_rows  = !host_reader();
-    DHISPARSE_CUDA_TRY(backup_async(p, 0, stream));
+    DHISPARSE_CUDA_TRY(backup_async(p, config_.backup_blocks, stream));
     host_waited_ = false;
   }
 
@@ -1076,9 +1088,19 @@ class kv_hierarchy {
   {
     return Budget::reclaim == reclaim_order::fair_share ? c.max_requests : 1;
   }
+  /// Resolve's workspace, then (with `order_plans`) `order_plan_async`'s, per parity.
+  static std::size_t order_workspace_offset(hierarchy_config const& c)
+  {
+    std::size_t const resolve_bytes = resolve_workspace_size(c.max_batch, c.max_queries, c.max_top_k, c.max_context);
+    return (resolve_bytes + 255) / 256 * 256;
+  }
   static std::size_t workspace_size(hierarchy_config const& c)
   {
-    return resolve_workspace_size(c.max_batch, c.max_queries, c.max_top_k, c.max_context);
+    if (!c.order_plans) { return resolve_workspace_size(c.max_batch, c.max_queries, c.max_top_k, c.max_context); }
+    std::size_t page_bytes = 0;  // the store's address range, as the host store lays it out
+    detail::make_group_layouts(c.host, c.group_layers, RowFormat::bytes, page_bytes);
+    return order_workspace_offset(c) +
+           order_plan_workspace_size(page_bytes * c.host.capacity_pages, std::int32_t(c.step_entries()));
   }
 
   /// Calls `f(member, elements)` for every device array of the hierarchy itself (not of its
@@ -1314,7 +1336,8 @@ class kv_hierarchy {
   std::array<detail::device_array<miss_entry>, 2> plans_;
   std::array<detail::device_array<std::int32_t>, 2> plan_counts_;
   std::array<detail::device_array<std::byte>, 2> workspaces_;
-  std::size_t workspace_bytes_ = 0;
+  std::size_t workspace_bytes_ = 0;        // resolve's part of each workspace
+  std::array<bool, 2> plan_ordered_{};     // per parity: the plan was ordered since its resolve
   detail::pinned_array<std::uint32_t> status_host_;
   detail::request_table requests_{config_};
   int batch_count_ = 0;

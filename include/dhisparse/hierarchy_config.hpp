@@ -151,6 +151,23 @@ struct hierarchy_config {
   /// of the reclaim's grid (at most all of them). Speed only: which rows are released does
   /// not depend on it; tests use small samples to exercise the pass that follows a miss.
   int reclaim_sample_slots = 16384;
+  /// Blocks (of 8 warps, a row in flight per warp) of each `backup`, shared by all groups
+  /// (0: 64 per group, the fastest backup). A few blocks pace the backup so that it takes
+  /// little from a retrieval running beside it on another stream while keeping up with a
+  /// decode step's commits; bench/retrieval's overlap benchmark measures the trade
+  /// (docs/benchmarks.md). Speed only: every dirty row is backed up whatever the value.
+  int backup_blocks = 0;
+  /// The first `retrieve(g)` after a resolve of g sorts its miss plan by host address over
+  /// all requests (`order_plan_async`) before gathering; later retrieves of the same plan
+  /// (layer ranges) keep that order. Small rows scattered over a large store reach about
+  /// half of the pinned memcpy bandwidth in emission order and 0.8–0.9 in address order
+  /// (docs/benchmarks.md). Costs a workspace of ≈ 0.5 MiB + 16 B per step entry per group
+  /// parity (counted by `bytes_required`) and the four ordering kernels per resolve.
+  /// `resolve_and_retrieve` copies in emission order (its copy starts inside allocate).
+  bool order_plans = false;
+  /// With `order_plans`: plans of fewer entries are gathered as emitted (the ordering
+  /// kernels return at once; every row is in flight together then). 0: order every plan.
+  std::int32_t order_plans_min_entries = 8192;
   host_store_config host{};
   /// Optional caller-owned slab per group (device memory, 16-byte aligned, at least
   /// device_slots_per_group × layers × row bytes). Empty: the hierarchy allocates.
@@ -228,6 +245,8 @@ inline void validate(hierarchy_config const& c)
                       std::to_string(max_dirty_rows) + " rows");
   DHISPARSE_EXPECTS(c.reclaim_low_watermark >= 0, "hierarchy_config.reclaim_low_watermark must not be negative");
   DHISPARSE_EXPECTS(c.reclaim_sample_slots >= 0, "hierarchy_config.reclaim_sample_slots must not be negative");
+  DHISPARSE_EXPECTS(c.backup_blocks >= 0, "hierarchy_config.backup_blocks must not be negative (0: the default)");
+  DHISPARSE_EXPECTS(c.order_plans_min_entries >= 0, "hierarchy_config.order_plans_min_entries must not be negative");
   DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),
                     "hierarchy_config.slab_memory must be empty or hold one slab per group");
   DHISPARSE_EXPECTS(c.device >= -1, "hierarchy_config.device must be -1 (the current device) or a device ordinal");

@@ -51,7 +51,17 @@ TEMPLATE_TEST_CASE("GPU decode steps match the host reference exactly", "[hierar
   std::uint64_t const salt = rng();
   stream_guard stream;
   host_memory const memory = GENERATE(host_memory::pinned, host_memory::huge_pages);
-  twin<TestType> t(twin_config(1, memory), salt, stream.s);
+  auto config              = twin_config(1, memory);
+  // The huge-page variant backs up with the smallest grid (one block, 8 warps round-robin
+  // over both groups' rows): a paced backup loses nothing.
+  if (memory == host_memory::huge_pages) { config.backup_blocks = 1; }
+  // The pinned variant orders every plan by host address before gathering it (the twin
+  // checks the order and that the same rows land in the same slots).
+  if (memory == host_memory::pinned) {
+    config.order_plans             = true;
+    config.order_plans_min_entries = 0;
+  }
+  twin<TestType> t(config, salt, stream.s);
   t.admit(101, 1500, 4000);
   t.admit(202, 90, 2000);
   t.admit(303, 2600, 4000);
@@ -74,7 +84,12 @@ TEST_CASE("GPU verify steps (Q > 1) share misses and recycle rejected tails like
   auto rng                 = test::seeded_engine("hierarchy gpu verify");
   std::uint64_t const salt = rng();
   stream_guard stream;
-  twin<row_format::mla_fp8_656> t(twin_config(4, host_memory::pinned), salt, stream.s);
+  auto config = twin_config(4, host_memory::pinned);
+  // Plans ordered by host address (every plan, or none below the default threshold), or not.
+  auto const [order, min_entries] = GENERATE(table<bool, std::int32_t>({{false, 0}, {true, 0}, {true, 8192}}));
+  config.order_plans              = order;
+  config.order_plans_min_entries  = min_entries;
+  twin<row_format::mla_fp8_656> t(config, salt, stream.s);
   t.admit(1, 1200, 4000);
   t.admit(2, 300, 4000);
   t.set_batch({1, 2}, {4, 2});
@@ -265,6 +280,9 @@ TEST_CASE("GPU dirty rows are never evicted, even when backup is late", "[hierar
   std::uint64_t const salt = rng();
   stream_guard stream;
   auto config = twin_config(4, host_memory::pinned);
+  // The default grid, and grids of fewer warps than dirty rows (the list and the overflow
+  // scan dealt round-robin over both groups).
+  config.backup_blocks = GENERATE(0, 1, 3);
   twin<row_format::mla_fp8_656> t(config, salt, stream.s);
   t.admit(1, 600, 8000);
   t.set_batch({1}, {4});

@@ -104,6 +104,8 @@ TEST_CASE("host reference: config errors name the field", "[hierarchy][host]")
     {[](hierarchy_config& c) { c.max_top_k = 40; }, "smaller than its essential set"},
     {[](hierarchy_config& c) { c.backup_interval_steps = 10; }, "smaller than its essential set"},
     {[](hierarchy_config& c) { c.max_top_k = 8192; }, "at most 16384"},
+    {[](hierarchy_config& c) { c.backup_blocks = -1; }, "backup_blocks"},
+    {[](hierarchy_config& c) { c.order_plans_min_entries = -1; }, "order_plans_min_entries"},
   };
   for (auto const& [mutate, field] : cases) {
     auto c = small_config();

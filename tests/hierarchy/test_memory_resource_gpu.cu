@@ -149,6 +149,17 @@ TEST_CASE("kv_hierarchy::bytes_required equals what construction takes; destruct
     check_footprint<row_format::mla_fp8_656, policy::clock, policy::adaptive_budget<reclaim_order::fair_share>>(
       base_config({1, 1}, 5, 1, 4000, 5 * 2048 / 32), stream.s);
   }
+  SECTION("plans ordered by host address: the ordering workspace is counted")
+  {
+    using hierarchy = kv_hierarchy<row_format::mla_fp8_656, policy::lru, policy::static_budget<256>>;
+    auto c          = base_config({1, 2}, 4, 2, 4 * 256 + 32, 4 * 4096 / 32);
+    auto const plain = hierarchy::bytes_required(c).device_bytes;
+    c.order_plans             = true;
+    c.order_plans_min_entries = 0;
+    // Two parities × (bucket counters and starts + one staged entry per step entry).
+    CHECK(hierarchy::bytes_required(c).device_bytes >= plain + 2 * c.step_entries() * sizeof(miss_entry));
+    check_footprint<row_format::mla_fp8_656, policy::lru, policy::static_budget<256>>(c, stream.s);
+  }
   SECTION("resident budget, huge-page store (mapped by the store, not the resource)")
   {
     auto c        = base_config({3}, 2, 1, 2 * 4096 + 64, 2 * 4096 / 32);

@@ -23,6 +23,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dhisparse::test {
@@ -291,15 +292,23 @@ class twin {
       d_scores_.upload_prefix(scores);
       d_scores = d_scores_.data();
     }
+    bool ordered = false;        // the GPU plan was sorted by host address (order_plans)
     if (fuse_rng_() % 2 == 0) {  // both paths: resolve then retrieve, and the fused launch
       gpu_.resolve(g, d_selections_.data(), top_k, stream_, d_scores);
-      gpu_.retrieve(g, stream_);
+      int const layers = config_.group_layers[g];
+      if (layers > 1 && fuse_rng_() % 3 == 0) {  // layer 0, then the rest: one plan, two copies
+        gpu_.retrieve(g, stream_, 0, 1);
+        gpu_.retrieve(g, stream_, 1, layers);
+      } else {
+        gpu_.retrieve(g, stream_);
+      }
+      ordered = config_.order_plans;
     } else {
       gpu_.resolve_and_retrieve(g, d_selections_.data(), top_k, stream_, d_scores);
     }
     ref_.resolve(g, sel.data(), top_k, scores.empty() ? nullptr : scores.data());
     ref_.retrieve(g);
-    compare(g, sel, top_k);
+    compare(g, sel, top_k, ordered);
   }
 
   /// One eager step over all groups; `accepted` = null keeps every tail.
@@ -407,7 +416,8 @@ class twin {
   }
 
   /// GPU and reference agree on everything observable after resolve + retrieve of g.
-  void compare(int g, std::vector<std::int32_t> const& sel, int top_k)
+  /// `ordered`: the plan went through `order_plans`' sort (host address order is checked).
+  void compare(int g, std::vector<std::int32_t> const& sel, int top_k, bool ordered = false)
   {
     REQUIRE(gpu_.status_sync(stream_) == ref_.status());
     std::size_t const entries = std::size_t(config_.max_batch) * config_.max_queries * top_k;
@@ -459,6 +469,12 @@ class twin {
     }
     for (auto const& m : ref_.misses(g)) { ref_miss[m.request].insert(m.position); }
     REQUIRE(gpu_miss == ref_miss);
+    if (ordered && plan_count >= config_.order_plans_min_entries) {
+      auto const by_address = [](miss_entry const& a, miss_entry const& b) {
+        return std::tie(a.src, a.slot, a.position) < std::tie(b.src, b.slot, b.position);
+      };
+      REQUIRE(std::is_sorted(plan_entries.begin(), plan_entries.end(), by_address));
+    }
     check_residency(g, pool);
     check_resident_bytes(g, pool);
   }
