@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# One session's GPU checks in few device calls (the device machine has no Catch2: tests are
+# built on the development machine and carried). Two halves:
+#
+#   scripts/gpu_session.sh pack [build-dir] [bundle-dir]
+#       here: every GPU test (executables test_*gpu* of the build), the benchmarks the open
+#       issues measure and compute-sanitizer's helper script, stripped, into one
+#       bundle-dir/gpu.tar.xz (default bundle-dir: devbin, git-ignored; name it in `carry`).
+#   scripts/gpu_session.sh run PART… [--bundle bundle-dir]
+#       on the device machine: unpacks the bundle once and runs the parts, writing logs,
+#       JSON and a summary under $OUT (default: ./gpu-out). Parts:
+#         tests        every GPU test, 240 s each, one log per test; summary lines
+#         memcheck     compute-sanitizer memcheck and racecheck over the GPU tests matching
+#                      $SANITIZE_TESTS (default: all; scripts/sanitize_gpu.sh --binaries, its
+#                      SANITIZE_* settings apply; small traces)
+#         retrieval    bench_retrieval_overlap and bench_retrieval_realistic (issue 15)
+#         resolve      bench_resolve --batches 1,128 (issue 12)
+#         verify       bench_verify --reps 20 (issue 14 item 6)
+#         serving      bench_serving --quick (the serving benchmark's harness)
+#         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
+#       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
+#       one 600 s call returns with its summary; pass one or two parts per call.
+#
+# Example (three calls fit 30 device minutes with room to spare):
+#   scripts/gpu_session.sh pack build devbin                     # here, after a full build
+#   run: bash scripts/gpu_session.sh run tests                   carry: ["devbin"]
+#   run: bash scripts/gpu_session.sh run memcheck                carry: ["devbin"]
+#   run: bash scripts/gpu_session.sh run retrieval resolve verify carry: ["devbin"]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+benches=(bench_retrieval bench_retrieval_overlap bench_retrieval_realistic bench_resolve bench_verify bench_serving)
+
+pack() {
+  local build=${1:-build} bundle=${2:-devbin}
+  [ -d "$build" ] || { echo "no build directory $build (configure and build first)" >&2; exit 2; }
+  local stage
+  stage=$(mktemp -d)
+  local n=0
+  while IFS= read -r -d '' f; do
+    cp "$f" "$stage/"
+    n=$((n + 1))
+  done < <(find "$build" -type f -name 'test_*gpu*' -perm -u+x -print0)
+  for b in "${benches[@]}"; do
+    local f
+    f=$(find "$build" -type f -name "$b" -perm -u+x | head -1)
+    if [ -n "$f" ]; then cp "$f" "$stage/"; else echo "pack: $b not built (skipped)" >&2; fi
+  done
+  strip "$stage"/* 2>/dev/null || true
+  mkdir -p "$bundle"
+  tar -C "$stage" -cJf "$bundle/gpu.tar.xz" .
+  cp scripts/sanitize_gpu.sh "$bundle/"
+  echo "pack: $n GPU tests + benchmarks -> $bundle/gpu.tar.xz ($(du -h "$bundle/gpu.tar.xz" | cut -f1))"
+  rm -rf "$stage"
+}
+
+run_parts() {
+  local bundle=devbin parts=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --bundle) bundle=$2; shift 2 ;;
+      *) parts+=("$1"); shift ;;
+    esac
+  done
+  local out=${OUT:-$PWD/gpu-out}
+  local bin=$PWD/.gpu-bin
+  mkdir -p "$out" "$bin"
+  [ -n "$(ls -A "$bin")" ] || tar -C "$bin" -xJf "$bundle/gpu.tar.xz"
+  local deadline=${PART_DEADLINE_S:-540}
+  local start=$SECONDS
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1 || true
+  for part in "${parts[@]}"; do
+    echo "== $part"
+    case $part in
+      tests)
+        mkdir -p "$out/tests"
+        for t in "$bin"/test_*gpu*; do
+          [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline: $(basename "$t") not started"; continue; }
+          local name rc
+          name=$(basename "$t")
+          rc=0
+          (cd "$out/tests" && timeout 240 "$t" > "$name.log" 2>&1) || rc=$?
+          echo "$name rc=$rc $(grep -E 'All tests passed|test cases:|assertions:' "$out/tests/$name.log" | tail -1)"
+        done | tee "$out/tests_summary.txt"
+        ;;
+      memcheck)
+        SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck"} SANITIZE_SPLIT=${SANITIZE_SPLIT:-test_hierarchy_gpu} \
+        SANITIZE_JOBS=${SANITIZE_JOBS:-8} \
+        SANITIZE_DEADLINE_S=$((deadline - (SECONDS - start))) SANITIZE_LOGS="$out/sanitize" \
+          bash "$bundle/sanitize_gpu.sh" --binaries "$bin" 2>&1 | tee "$out/sanitize_summary.txt" || true
+        ;;
+      retrieval)
+        "$bin/bench_retrieval_overlap" --json "$out/retrieval_overlap.json" > "$out/retrieval_overlap.txt" 2>&1 || true
+        tail -40 "$out/retrieval_overlap.txt"
+        "$bin/bench_retrieval_realistic" --quick --json "$out/retrieval_realistic.json" \
+          > "$out/retrieval_realistic.txt" 2>&1 || true
+        tail -20 "$out/retrieval_realistic.txt"
+        ;;
+      resolve)
+        "$bin/bench_resolve" --batches 1,128 --json "$out/resolve.json" > "$out/resolve.txt" 2>&1 || true
+        tail -30 "$out/resolve.txt"
+        ;;
+      verify)
+        "$bin/bench_verify" --reps 20 --json "$out/verify.json" > "$out/verify.txt" 2>&1 || true
+        tail -30 "$out/verify.txt"
+        ;;
+      serving)
+        "$bin/bench_serving" --quick --json "$out/serving_quick.json" > "$out/serving_quick.txt" 2>&1 || true
+        tail -30 "$out/serving_quick.txt"
+        ;;
+      multi)
+        local gpus
+        gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+        if [ "$gpus" -ge 2 ]; then
+          "$bin/bench_retrieval" --gpus "$gpus" --json "$out/retrieval_gpus.json" > "$out/retrieval_gpus.txt" 2>&1 || true
+          tail -20 "$out/retrieval_gpus.txt"
+        else
+          echo "multi: $gpus GPU(s) here; needs 2 or more" | tee "$out/retrieval_gpus.txt"
+        fi
+        ;;
+      *) echo "unknown part: $part" >&2; exit 2 ;;
+    esac
+  done
+}
+
+case ${1:-} in
+  pack) shift; pack "$@" ;;
+  run) shift; run_parts "$@" ;;
+  *) sed -n '2,28p' "$0"; exit 2 ;;
+esac
