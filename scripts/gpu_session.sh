@@ -17,6 +17,8 @@
 #         resolve      bench_resolve --batches 1,128 (issue 12)
 #         verify       bench_verify --reps 20 (issue 14 item 6)
 #         serving      bench_serving --quick (the serving benchmark's harness)
+#         phases       the resolve and reclaim phase probes (scripts/probes; packed unless
+#                      PACK_PROBES=0) at --batches 1,128: where resolve's time goes
 #         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
 #       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
 #       one 600 s call returns with its summary; pass one or two parts per call.
@@ -26,6 +28,7 @@
 #   run: bash scripts/gpu_session.sh run tests                   carry: ["devbin"]
 #   run: bash scripts/gpu_session.sh run memcheck                carry: ["devbin"]
 #   run: bash scripts/gpu_session.sh run retrieval resolve verify carry: ["devbin"]
+#   run: bash scripts/gpu_session.sh run phases serving           carry: ["devbin"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +49,17 @@ pack() {
     f=$(find "$build" -type f -name "$b" -perm -u+x | head -1)
     if [ -n "$f" ]; then cp "$f" "$stage/"; else echo "pack: $b not built (skipped)" >&2; fi
   done
+  # The phase probes of issue 12 (instrumented copies of bench_resolve, built from this tree).
+  if [ "${PACK_PROBES:-1}" = 1 ]; then
+    local probe
+    for probe in resolve reclaim; do
+      if /usr/bin/python3 "scripts/probes/${probe}_phases.py" . "/tmp/gpu_session_${probe}_phases" > /dev/null; then
+        cp "/tmp/gpu_session_${probe}_phases/bench_resolve_phases" "$stage/bench_${probe}_phases"
+      else
+        echo "pack: the $probe phase probe did not build (skipped)" >&2
+      fi
+    done
+  fi
   strip "$stage"/* 2>/dev/null || true
   mkdir -p "$bundle"
   tar -C "$stage" -cJf "$bundle/gpu.tar.xz" .
@@ -107,6 +121,13 @@ run_parts() {
       serving)
         "$bin/bench_serving" --quick --json "$out/serving_quick.json" > "$out/serving_quick.txt" 2>&1 || true
         tail -30 "$out/serving_quick.txt"
+        ;;
+      phases)
+        for probe in resolve reclaim; do
+          [ -x "$bin/bench_${probe}_phases" ] || { echo "phases: bench_${probe}_phases not packed"; continue; }
+          "$bin/bench_${probe}_phases" --batches 1,128 > "$out/${probe}_phases.txt" 2>&1 || true
+          tail -40 "$out/${probe}_phases.txt"
+        done
         ;;
       multi)
         local gpus

@@ -88,6 +88,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -192,10 +193,11 @@ class kv_hierarchy {
       workspaces_[i].fill_bytes(0, stream);
     }
     status_host_ = detail::pinned_array<std::uint32_t>(1, detail::pinned_resource(config_.resources), nullptr);
-    if (config_.shared_host_writer) {
+    if (config_.shared_host_writer) {  // interprocess where the store is shared across processes
       cudaEvent_t e = nullptr;
-      DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&e, config_.shared_host->writer_event_flags()));
       host_written_.reset(e);
+      config_.shared_host->publish_writer_event(e);
     }
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   }
@@ -777,7 +779,11 @@ class kv_hierarchy {
     auto const on_device = binding_.enter();
     check_host_waited("backup");
     back_up(stream);
-    if (host_written_ != nullptr) { DHISPARSE_CUDA_TRY(cudaEventRecord(host_written_.get(), stream)); }
+    ++backups_;
+    if (host_written_ != nullptr) {
+      DHISPARSE_CUDA_TRY(cudaEventRecord(host_written_.get(), stream));
+      config_.shared_host->count_writer_backup();  // after the record: a reader that sees the count waits for it
+    }
     return host_written_.get();
   }
 
@@ -794,6 +800,27 @@ class kv_hierarchy {
     auto const on_device = binding_.enter();
     DHISPARSE_EXPECTS(writer_backup != nullptr, "wait_host: writer_backup is null");
     DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, writer_backup, 0));
+    host_waited_ = true;
+  }
+
+  /**
+   * @brief A reader of a shared host store, in this process or another (the store made by
+   *        `shared_host_store::create` / `open`): waits on the host until the writer has
+   *        done as many backups as this reader will have done with its next one, then orders
+   *        the work enqueued on `stream` after this call (its next `backup` first) after the
+   *        writer's event. Every rank backs up once per step, the readers after the writer.
+   *        Not capturable (it waits on the host): capture the event form with external
+   *        event nodes instead.
+   * @throws dhisparse::error for the writer, or when the writer's backup does not come
+   *         within `timeout` (naming both counts; nothing enqueued)
+   */
+  void wait_host(cudaStream_t stream, std::chrono::milliseconds timeout = std::chrono::seconds(60))
+  {
+    DHISPARSE_NVTX_RANGE("dhisparse::wait_host");
+    auto const on_device = binding_.enter();
+    DHISPARSE_EXPECTS(host_reader(), "wait_host(stream): only a reader of a shared host store waits for the writer");
+    cudaEvent_t const written = config_.shared_host->await_writer_backups(backups_ + 1, timeout);
+    DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, written, 0));
     host_waited_ = true;
   }
 
@@ -1343,6 +1370,7 @@ class kv_hierarchy {
   int batch_count_ = 0;
   std::unique_ptr<CUevent_st, event_destroy> host_written_;  // shared store writer: recorded by backup
   bool host_waited_ = false;                                 // shared store reader: wait_host since backup
+  std::uint64_t backups_ = 0;                                // `backup` calls (a reader's wait_host(stream) counts them)
   std::vector<int> resolved_top_k_ = std::vector<int>(std::size_t(config_.num_groups()), 0);  // per group
 };
 

@@ -5,9 +5,11 @@
 // * data-parallel hierarchies, each with its own store, interleaved in one process;
 // * the hand-off: a reader never fetches a row before the writer's backup of it is ordered
 //   before the fetch (the writer is delayed, the host pages of uncommitted positions are
-//   poisoned, the reader drops its rows after every step so that it fetches them again);
+//   poisoned, the reader drops its rows after every step so that it fetches them again;
+//   tests/hierarchy/handoff.cuh), with either form of `wait_host`;
 // * with two or more devices, the same with hierarchies on different devices, called while
 //   another device is current (the caller's device is restored).
+#include "handoff.cuh"
 #include "random.hpp"
 #include "twin.cuh"
 
@@ -17,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -65,23 +68,7 @@ hierarchy_config rank_config(int device)
 using Row       = row_format::mla_fp8_656;
 using rank_twin = test::twin<Row, policy::lru, policy::static_budget<budget>>;
 
-/// A stream on `device` (the caller's device restored).
-struct device_stream {
-  explicit device_stream(int device) : device_{device}
-  {
-    auto const on = detail::device_guard{device};
-    DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  }
-  device_stream(device_stream const&)            = delete;
-  device_stream& operator=(device_stream const&) = delete;
-  ~device_stream()
-  {
-    auto const on = detail::device_guard{device_};
-    cudaStreamDestroy(s);
-  }
-  cudaStream_t s{};
-  int device_;
-};
+using test::handoff::device_stream;
 
 /// Device sets to run on: one device always; two when present.
 std::vector<std::vector<int>> rank_devices(int ranks)
@@ -244,110 +231,18 @@ TEST_CASE("data-parallel hierarchies in one process run independently", "[hierar
 
 namespace {
 
-using handoff_hierarchy = kv_hierarchy<Row, policy::lru, policy::adaptive_budget<reclaim_order::global>>;
-constexpr int handoff_k = 32;
-
-/// Keeps the stream busy for `ns` nanoseconds (the writer falls behind the reader).
-__global__ void spin_kernel(long long ns)
-{
-  long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-/// Copies the slab row of every slot of one query's slot table into `out` (0xEE: no slot).
-__global__ void gather_rows_kernel(std::byte const* slab, std::size_t row_bytes, std::int32_t const* table,
-                                   std::byte* out)
-{
-  std::int32_t const slot = table[blockIdx.x];
-  std::byte* dst          = out + std::size_t(blockIdx.x) * row_bytes;
-  for (std::size_t i = threadIdx.x; i < row_bytes; i += blockDim.x) {
-    dst[i] = slot >= 0 ? slab[std::size_t(slot) * row_bytes + i] : std::byte{0xEE};
-  }
-}
-
-hierarchy_config handoff_config(int device)
-{
-  hierarchy_config c;
-  c.group_layers           = {1};
-  c.max_requests           = 2;
-  c.max_batch              = 1;
-  c.max_queries            = 1;
-  c.max_top_k              = handoff_k;
-  c.max_context            = 1024;
-  c.device_slots_per_group = 512;
-  c.map_page_positions     = 256;
-  c.host.tokens_per_page   = 16;
-  c.host.capacity_pages    = 2 * 1024 / 16;
-  c.device                 = device;
-  return c;
-}
-
-struct handoff_rank {
-  handoff_rank(hierarchy_config const& c, int steps, std::vector<std::int32_t> const& selections,
-               std::vector<std::byte> const& tails)
-    : stream{c.device}
-  {
-    auto const on = detail::device_guard{c.device};
-    h             = std::make_unique<handoff_hierarchy>(c, stream.s);
-    sel           = device_vector<std::int32_t>(selections);
-    tail_rows     = device_vector<std::byte>(tails);
-    log           = device_vector<std::byte>(std::size_t(steps) * handoff_k * Row::bytes);
-    log.fill_bytes(0x11);
-  }
-  device_stream stream;
-  std::unique_ptr<handoff_hierarchy> h;
-  device_vector<std::int32_t> sel;     // [steps][K]
-  device_vector<std::byte> tail_rows;  // [steps][row]
-  device_vector<std::byte> log;        // [steps][K][row]: the rows attention would read
-
-  /// resolve + retrieve of step t, its rows logged, the tail written, committed.
-  void step(int t)
-  {
-    auto const on                      = detail::device_guard{h->device()};
-    std::int32_t const* const step_sel = sel.data() + std::size_t(t) * handoff_k;
-    h->resolve(0, step_sel, handoff_k, stream.s);
-    h->retrieve(0, stream.s);
-    layer_view const rows = h->layer_rows(0, 0);
-    gather_rows_kernel<<<handoff_k, 128, 0, stream.s>>>(rows.rows, rows.stride, h->slot_table(0),
-                                                        log.data() + std::size_t(t) * handoff_k * Row::bytes);
-    test::write_tails_kernel<<<1, 128, 0, stream.s>>>(rows.rows, rows.stride, h->tail_slots(0),
-                                                      tail_rows.data() + std::size_t(t) * Row::bytes, 1);
-    DHISPARSE_CUDA_TRY(cudaGetLastError());
-    h->commit(nullptr, stream.s);
-  }
-  void spin(long long ns)
-  {
-    auto const on = detail::device_guard{h->device()};
-    spin_kernel<<<1, 1, 0, stream.s>>>(ns);
-    DHISPARSE_CUDA_TRY(cudaGetLastError());
-  }
-};
+namespace handoff = test::handoff;
 
 /// Runs the writer and a reader over `steps` steps; returns the reader's rows that differ
-/// from the truth (0 when every fetch was ordered after the writer's backup). With
-/// `wait` false the reader waits for an event of its own stream instead of the writer's.
-int run_handoff(int writer_device, int reader_device, bool wait, int steps)
+/// from the truth (0 when every fetch was ordered after the writer's backup). `wait`: how
+/// the reader waits — 0 for the writer's event (`wait_host(event, stream)`), 1 through the
+/// store's count of the writer's backups (`wait_host(stream)`), 2 (the negative control)
+/// for an event of its own stream instead.
+int run_handoff(int writer_device, int reader_device, int wait, int steps)
 {
-  std::uint64_t const salt = test::seeded_engine("multi hierarchy handoff")();
-  std::mt19937_64 rng(salt);
-  std::uint64_t const id = 7;
-  std::int32_t const l0  = 200;
-  std::vector<std::int32_t> selections;
-  std::vector<std::byte> tails;
-  for (int t = 0; t < steps; ++t) {
-    std::int32_t const len = l0 + t;
-    std::set<std::int32_t> s{len - 1, len - 2, len - 3};  // the rows committed last
-    while (int(s.size()) < handoff_k) { s.insert(std::int32_t(rng() % std::uint64_t(len))); }
-    selections.insert(selections.end(), s.begin(), s.end());
-    auto const row = test::truth_group_row(salt, id, 0, 1, Row::bytes, len);
-    tails.insert(tails.end(), row.begin(), row.end());
-  }
-
-  hierarchy_config base = handoff_config(writer_device);
-  auto const store      = std::make_shared<shared_host_store>(base, Row::bytes);
+  handoff::workload const w(test::seeded_engine("multi hierarchy handoff")(), steps);
+  hierarchy_config base = handoff::config(writer_device);
+  auto const store      = std::make_shared<shared_host_store>(base, handoff::Row::bytes);
   hierarchy_config wc   = base;
   wc.host               = store->config();
   wc.shared_host        = store;
@@ -355,82 +250,41 @@ int run_handoff(int writer_device, int reader_device, bool wait, int steps)
   hierarchy_config rc   = wc;
   rc.shared_host_writer = false;
   rc.device             = reader_device;
-  handoff_rank writer(wc, steps, selections, tails);
-  handoff_rank reader(rc, steps, selections, tails);
-
-  std::int64_t const capacity = l0 + steps + 1;
-  writer.h->admit(request_id{id}, l0, writer.stream.s, capacity);
-  reader.h->admit(request_id{id}, l0, reader.stream.s, capacity);
-  for (std::int32_t p = 0; p < capacity; ++p) {  // prefill rows once; later positions poisoned
-    std::byte* at = writer.h->host_row(request_id{id}, 0, 0, p);
-    REQUIRE(at == reader.h->host_row(request_id{id}, 0, 0, p));  // the same page
-    if (p < l0) {
-      test::truth_row(salt, id, 0, 0, p, at, Row::bytes);
-    } else {
-      std::memset(at, 0x5A, Row::bytes);
-    }
+  handoff::rank writer(wc, w);
+  handoff::rank reader(rc, w);
+  writer.admit(w, true);
+  reader.admit(w, false);
+  for (std::int32_t p = 0; p < w.capacity(); ++p) {  // the same pages
+    REQUIRE(writer.h->host_row(request_id{handoff::id}, 0, 0, p) == reader.h->host_row(request_id{handoff::id}, 0, 0, p));
   }
-  std::int32_t const one = 1;
-  request_id const ids[] = {request_id{id}};
-  writer.h->set_batch(ids, &one, 1, writer.stream.s);
-  reader.h->set_batch(ids, &one, 1, reader.stream.s);
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(writer.stream.s));
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(reader.stream.s));
+  REQUIRE_THROWS_WITH(writer.h->wait_host(writer.stream.s), Catch::Contains("only a reader"));
+  REQUIRE_THROWS_WITH(reader.h->wait_host(reader.stream.s, std::chrono::milliseconds(20)),
+                      Catch::Contains("backup 1, the writer has done 0"));
 
   cudaEvent_t own = nullptr;  // the negative control's wrong event
   {
     auto const on = detail::device_guard{reader_device};
     DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&own, cudaEventDisableTiming));
   }
-  long long const delay = 2'000'000;  // 2 ms: the writer's backups lag far behind
   for (int t = 0; t < steps; ++t) {
-    writer.spin(delay);
-    writer.step(t);
-    writer.spin(delay);
-    cudaEvent_t const written = writer.h->backup(writer.stream.s);
-    REQUIRE(written != nullptr);
+    writer.writer_step(t);
+    cudaEvent_t const written = store->await_writer_backups(std::uint64_t(t) + 1, std::chrono::seconds(1));
     reader.step(t);
-    if (wait) {
+    if (wait == 0) {
       reader.h->wait_host(written, reader.stream.s);
+    } else if (wait == 1) {
+      reader.h->wait_host(reader.stream.s);
     } else {
       DHISPARSE_CUDA_TRY(cudaEventRecord(own, reader.stream.s));
       reader.h->wait_host(own, reader.stream.s);
     }
-    REQUIRE(reader.h->backup(reader.stream.s) == nullptr);
-    reader.h->reclaim(0, std::int32_t(rc.device_slots_per_group), reader.stream.s);  // fetch them again
+    reader.reader_finish_step(rc);
   }
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(writer.stream.s));
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(reader.stream.s));
+  writer.check_counters(false, steps);
+  reader.check_counters(true, steps);
   cudaEventDestroy(own);
-  REQUIRE(writer.h->status_sync(writer.stream.s) == 0);
-  REQUIRE(reader.h->status_sync(reader.stream.s) == 0);
-
-  group_counters counters{};
-  reader.h->read_counters(0, &counters, reader.stream.s);
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(reader.stream.s));
-  REQUIRE(counters.backed_up_rows == 0);                                    // the reader copies nothing
-  REQUIRE(counters.fetched_rows >= std::uint64_t(handoff_k + steps - 1));  // it fetched recent rows again
-  REQUIRE(counters.reclaimed_rows > 0);
-
-  int wrong = 0;
-  for (handoff_rank* r : {&writer, &reader}) {
-    auto const log = r->log.download();
-    for (int t = 0; t < steps; ++t) {
-      for (int k = 0; k < handoff_k; ++k) {
-        std::int32_t const pos = selections[std::size_t(t) * handoff_k + k];
-        auto const want        = test::truth_group_row(salt, id, 0, 1, Row::bytes, pos);
-        bool const same = std::memcmp(log.data() + (std::size_t(t) * handoff_k + k) * Row::bytes, want.data(),
-                                      Row::bytes) == 0;
-        if (r == &writer) {
-          INFO("writer step " << t << " position " << pos);
-          REQUIRE(same);  // the writer never fetches what it did not back up itself
-        } else {
-          wrong += same ? 0 : 1;
-        }
-      }
-    }
-  }
-  return wrong;
+  REQUIRE(writer.wrong_rows(w) == 0);  // the writer never fetches what it did not back up itself
+  return reader.wrong_rows(w);
 }
 
 }  // namespace
@@ -438,10 +292,11 @@ int run_handoff(int writer_device, int reader_device, bool wait, int steps)
 TEST_CASE("a reader fetches a row only after the writer's backup of it", "[hierarchy][gpu][multi]")
 {
   int const steps = 24;
+  int const wait  = GENERATE(0, 1);
   for (auto const& devices : rank_devices(2)) {
-    INFO("writer on device " << devices[0] << ", reader on device " << devices[1]);
+    INFO("writer on device " << devices[0] << ", reader on device " << devices[1] << ", wait form " << wait);
     int const caller = current_device();
-    REQUIRE(run_handoff(devices[0], devices[1], true, steps) == 0);
+    REQUIRE(run_handoff(devices[0], devices[1], wait, steps) == 0);
     REQUIRE(current_device() == caller);
   }
 }
@@ -451,7 +306,7 @@ TEST_CASE("a reader fetches a row only after the writer's backup of it", "[hiera
 // so the test above can see a missing wait.
 TEST_CASE("without the writer's event the reader sees unwritten rows", "[.][handoff-control]")
 {
-  int const wrong = run_handoff(0, 0, false, 24);
+  int const wrong = run_handoff(0, 0, 2, 24);
   WARN("reader rows that differ from the truth without the wait: " << wrong);
   REQUIRE(wrong > 0);
 }

@@ -2,6 +2,7 @@
 // (detail/shared_page_lists.hpp): one list per request id for every rank that holds it,
 // the admission contract checked, pages freed only after the last holder's release passed.
 #include <dhisparse/detail/shared_page_lists.hpp>
+#include <dhisparse/detail/shm_segment.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -10,9 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 using dhisparse::detail::release_token;
@@ -305,4 +308,96 @@ TEST_CASE("shared host store: page lists in shared memory serve ranks in two pro
     REQUIRE(lists.free_pages() == pages);
     REQUIRE(lists.hold(99, 0, std::int64_t(pages) * ppp).size() == pages);  // every parked page came back
   }
+}
+
+namespace {
+
+dhisparse::detail::shm_shape segment_test_shape()
+{
+  dhisparse::detail::shm_shape s{};
+  s.capacity_pages  = 16;
+  s.page_bytes      = 4096;
+  s.row_bytes       = 656;
+  s.layout_hash     = dhisparse::detail::shm_layout_hash{}.add(1).add(2).value();
+  s.tokens_per_page = 8;
+  s.max_context     = 128;
+  s.max_ids         = 20;
+  return s;
+}
+
+/// A name no other run of this test uses at the same time.
+std::string segment_test_name(char const* what)
+{
+  return std::string("test.") + what + "." + std::to_string(::getpid()) + "." +
+         std::to_string(std::random_device{}() % 100000);
+}
+
+}  // namespace
+
+TEST_CASE("shared host store segment: created in one process, opened in another, same bytes", "[shared_store]")
+{
+  using dhisparse::detail::shm_segment;
+  auto const shape       = segment_test_shape();
+  std::string const name = segment_test_name("segment");
+  auto layout            = shm_segment::layout(shape, 1000, shape.capacity_pages * shape.page_bytes);
+  REQUIRE(layout.lists_offset == dhisparse::detail::shm_header::bytes);
+  REQUIRE(layout.lists_bytes == 1000);
+  REQUIRE(layout.pages_offset % 4096 == 0);
+  REQUIRE(layout.pages_offset >= layout.lists_offset + 1000);
+  REQUIRE(layout.segment_bytes >= layout.pages_offset + shape.capacity_pages * shape.page_bytes);
+
+  shm_segment created = shm_segment::create(name, layout);
+  // The name is taken while the creator lives.
+  REQUIRE_THROWS_WITH(shm_segment::create(name, layout), Catch::Contains("in use"));
+  std::byte* pages = created.at(created.layout().pages_offset);
+  for (std::size_t i = 0; i < shape.page_bytes; ++i) { pages[i] = std::byte(i * 7); }
+
+  // The child opens before the creator publishes: it waits for readiness, then sees the
+  // creator's bytes and writes its own where the creator reads them.
+  int const pid = in_child([&] {
+    shm_segment opened = shm_segment::open(name, shape, std::chrono::seconds(20));
+    std::byte const* p = opened.at(opened.layout().pages_offset);
+    for (std::size_t i = 0; i < shape.page_bytes; ++i) {
+      if (p[i] != std::byte(i * 7)) { return 3; }
+    }
+    opened.at(opened.layout().pages_offset)[shape.page_bytes] = std::byte{0x5A};
+    opened.header()->writer_backups.fetch_add(5);
+    if (opened.owner()) { return 4; }  // an opener never unlinks the name
+    return 0;
+  });
+  ::usleep(50000);
+  created.publish();
+  REQUIRE(wait_child(pid) == 0);
+  REQUIRE(pages[shape.page_bytes] == std::byte{0x5A});
+  REQUIRE(created.header()->writer_backups.load() == 5);
+  REQUIRE(created.header()->creator_pid == std::int32_t(::getpid()));
+
+  // Another shape is refused, naming both.
+  auto other        = shape;
+  other.max_context = 256;
+  REQUIRE_THROWS_WITH(shm_segment::open(name, other, std::chrono::milliseconds(100)),
+                      Catch::Contains("max_context 128") && Catch::Contains("max_context 256"));
+  other             = shape;
+  other.layout_hash = dhisparse::detail::shm_layout_hash{}.add(2).add(1).value();
+  REQUIRE_THROWS_WITH(shm_segment::open(name, other, std::chrono::milliseconds(100)), Catch::Contains("layout"));
+
+  // The creator's destruction unlinks the name.
+  created = shm_segment{};
+  REQUIRE_THROWS_WITH(shm_segment::open(name, shape, std::chrono::milliseconds(30)),
+                      Catch::Contains("no store named") && Catch::Contains("30 ms"));
+}
+
+TEST_CASE("shared host store segment: names are checked, a missing store times out", "[shared_store]")
+{
+  using dhisparse::detail::shm_segment;
+  auto const shape = segment_test_shape();
+  for (std::string const& bad : std::vector<std::string>{"", "a/b", "x y", std::string(201, 'n')}) {
+    INFO("name '" << bad << "'");
+    REQUIRE_THROWS_AS(shm_segment::path_of(bad), dhisparse::error);
+  }
+  REQUIRE(shm_segment::path_of("replica-0.tp_8") == "/dhisparse.replica-0.tp_8");
+  auto const start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(shm_segment::open(segment_test_name("missing"), shape, std::chrono::milliseconds(40)),
+                      Catch::Contains("no store named"));
+  REQUIRE(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(40));
 }
