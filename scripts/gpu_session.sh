@@ -9,7 +9,8 @@
 #   scripts/gpu_session.sh run PART… [--bundle bundle-dir]
 #       on the device machine: unpacks the bundle once and runs the parts, writing logs,
 #       JSON and a summary under $OUT (default: ./gpu-out). Parts:
-#         tests        every GPU test, 240 s each, one log per test; summary lines
+#         tests        every GPU test (or those whose name matches $TESTS and not
+#                      $TESTS_SKIP), 240 s each, one log per test; summary lines
 #         memcheck     compute-sanitizer memcheck and racecheck over the GPU tests matching
 #                      $SANITIZE_TESTS (default: all; scripts/sanitize_gpu.sh --binaries, its
 #                      SANITIZE_* settings apply; small traces)
@@ -89,6 +90,8 @@ run_parts() {
       tests)
         mkdir -p "$out/tests"
         for t in "$bin"/test_*gpu*; do
+          [[ -z "${TESTS:-}" || "$(basename "$t")" =~ ${TESTS:-} ]] || continue
+          [[ -z "${TESTS_SKIP:-}" || ! "$(basename "$t")" =~ ${TESTS_SKIP:-} ]] || continue
           [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline: $(basename "$t") not started"; continue; }
           local name rc
           name=$(basename "$t")

@@ -162,7 +162,10 @@ struct hierarchy_config {
   /// (layer ranges) keep that order. Small rows scattered over a large store reach about
   /// half of the pinned memcpy bandwidth in emission order and 0.8–0.9 in address order
   /// (docs/benchmarks.md). Costs a workspace of ≈ 0.5 MiB + 16 B per step entry per group
-  /// parity (counted by `bytes_required`) and the four ordering kernels per resolve.
+  /// parity (counted by `bytes_required`) and the four ordering kernels per resolve
+  /// (≈ 27–30 µs per plan on the H200). Resolve's emission order is already close to
+  /// address order while requests' pages are allocated in order (0.88 of memcpy either
+  /// way in bench_retrieval_realistic): turn it on for stores whose page lists interleave.
   /// `resolve_and_retrieve` copies in emission order (its copy starts inside allocate).
   bool order_plans = false;
   /// With `order_plans`: plans of fewer entries are gathered as emitted (the ordering
