@@ -152,6 +152,13 @@ class shared_host_store {
 
   shared_host_store(shared_host_store const&)            = delete;
   shared_host_store& operator=(shared_host_store const&) = delete;
+  /**
+   * @brief Removes the segment `name` left behind by a creator that died (a later `create`
+   *        of the name fails while it exists); true when there was one. Processes that
+   *        mapped it keep their mappings. Do not call it while the creator lives.
+   */
+  static bool remove(std::string const& name) { return detail::shm_segment::remove(name); }
+
   ~shared_host_store()
   {
     for (cudaEvent_t e : opened_events_) { cudaEventDestroy(e); }

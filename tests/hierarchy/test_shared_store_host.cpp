@@ -381,6 +381,14 @@ TEST_CASE("shared host store segment: created in one process, opened in another,
   other.layout_hash = dhisparse::detail::shm_layout_hash{}.add(2).add(1).value();
   REQUIRE_THROWS_WITH(shm_segment::open(name, other, std::chrono::milliseconds(100)), Catch::Contains("layout"));
 
+  // A name left behind (its creator died: here, a second segment of the name made after an
+  // unlink) is removed by name; the creator's destruction then finds nothing to unlink.
+  REQUIRE(shm_segment::remove(name));
+  REQUIRE_FALSE(shm_segment::remove(name));
+  {
+    shm_segment again = shm_segment::create(name, layout);  // the name is free again
+    REQUIRE(again.owner());
+  }
   // The creator's destruction unlinks the name.
   created = shm_segment{};
   REQUIRE_THROWS_WITH(shm_segment::open(name, shape, std::chrono::milliseconds(30)),

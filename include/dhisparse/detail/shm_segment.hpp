@@ -165,6 +165,10 @@ class shm_segment {
     return s;
   }
 
+  /// Removes the name `name` (a store left behind by a process that died); true when it
+  /// existed. Processes that mapped it keep their mappings.
+  static bool remove(std::string const& name) { return ::shm_unlink(path_of(name).c_str()) == 0; }
+
   /// The creator: everything is initialised; openers may proceed.
   void publish() noexcept { header()->ready.store(1, std::memory_order_release); }
 
