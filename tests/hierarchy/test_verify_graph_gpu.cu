@@ -661,6 +661,18 @@ class graph_fixture {
         ++differing;
         std::printf("  k %d position %d: graph slot %d %s, direct slot %d %s, reference slot %d\n", k,
                     sel[at + std::size_t(k)], ta[k], a_ok ? "ok" : "WRONG", tb[k], b_ok ? "ok" : "WRONG", tr[k]);
+        for (auto* side : {&graph_side_, &direct_}) {  // where the wrong slot is now
+          std::int32_t const slot = side == &graph_side_ ? ta[k] : tb[k];
+          if (slot < 0) { continue; }
+          device_pool_ref const pr = side->h.pool_ref(g);
+          std::int32_t owner = 0, position = 0;
+          DHISPARSE_CUDA_TRY(cudaMemcpy(&owner, pr.owner + slot, 4, cudaMemcpyDeviceToHost));
+          DHISPARSE_CUDA_TRY(cudaMemcpy(&position, pr.position + slot, 4, cudaMemcpyDeviceToHost));
+          // After this step's commit: the selected position (still committed there), a
+          // position of this step's path (the slot was also handed out as a tail), or -1.
+          std::printf("    %s slot %d after the commit: owner %d position %d\n",
+                      side == &graph_side_ ? "graph" : "direct", slot, owner, position);
+        }
       }
     }
     std::printf("diagnose: %d of %d selected rows differ from the reference's\n", differing, K);
