@@ -9,9 +9,9 @@
 // reference (hierarchy, host::verify, host::draft_ring; everything but attention, whose
 // reference agrees within dtype tolerance only). The host stores agree at the end.
 //
-// Open (2026-12-05): with some seeds (about 1 run in 8) the graph side holds a wrong row at
-// a committed position after a number of replays (deterministic per seed, present at
-// 3c4244d too): docs/reliability.md, finding F19. An attention output that differs prints
+// Open (2026-12-05): with some seeds (about 1 run in 8) one side reads other bytes for the
+// row the previous step's commit_verified committed last (deterministic per seed, present
+// at 3c4244d too): docs/reliability.md, finding F19. An attention output that differs prints
 // which selected rows differ from the reference's (`diagnose`); DHISPARSE_DIAG=1 also checks
 // every resident committed row of both sides after each replay and prints the admissions
 // and releases between replays, to find the first step where a side goes wrong.
