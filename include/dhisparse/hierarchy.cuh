@@ -187,6 +187,8 @@ class kv_hierarchy {
     commit_status_.fill_bytes(0, stream);
     workspace_bytes_ = resolve_workspace_size(config_.max_batch, config_.max_queries, config_.max_top_k,
                                               config_.max_context);
+    order_at_    = order_workspace_offset(config_);
+    order_bytes_ = config_.order_plans ? workspace_size(config_) - order_at_ : 0;
     for (int i = 0; i < 2; ++i) {
       slot_tables_[i].fill_bytes(0xFF, stream);
       plan_counts_[i].fill_bytes(0, stream);
@@ -706,9 +708,7 @@ class kv_hierarchy {
     bool& ordered              = plan_ordered_[std::size_t(group % 2)];
     if (config_.order_plans && !ordered) {  // the first retrieve of this plan orders it
       plan_order_params const order{plan_ref(group), host_.ref().base, host_.bytes(), config_.order_plans_min_entries};
-      std::size_t const at = order_workspace_offset(config_);
-      DHISPARSE_CUDA_TRY(
-        retrieve_async(args, order, workspaces_[group % 2].data() + at, workspace_size(config_) - at, 0, stream));
+      DHISPARSE_CUDA_TRY(retrieve_async(args, order, workspaces_[group % 2].data() + order_at_, order_bytes_, 0, stream));
       ordered = true;
       return;
     }
@@ -1364,6 +1364,8 @@ class kv_hierarchy {
   std::array<detail::device_array<std::int32_t>, 2> plan_counts_;
   std::array<detail::device_array<std::byte>, 2> workspaces_;
   std::size_t workspace_bytes_ = 0;        // resolve's part of each workspace
+  std::size_t order_at_        = 0;        // order_plans: where its part starts, and its bytes
+  std::size_t order_bytes_     = 0;
   std::array<bool, 2> plan_ordered_{};     // per parity: the plan was ordered since its resolve
   detail::pinned_array<std::uint32_t> status_host_;
   detail::request_table requests_{config_};
