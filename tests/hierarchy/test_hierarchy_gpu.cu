@@ -101,6 +101,35 @@ TEST_CASE("GPU verify steps (Q > 1) share misses and recycle rejected tails like
   t.check_host_store();
 }
 
+// F19 (docs/reliability.md): an entry that load_batch leaves out because it repeats an
+// earlier entry's request still ran allocate, and its block wrote back the request's spare
+// and owned counts it had read before the real entry's block took spares — the spares came
+// back and were handed out again while holding committed rows. Many repeats of requests
+// whose rows are all resident (their allocation is as short as a repeat's) make the
+// interleaving likely on every step; the twin compares every request's spare and owned
+// counts and every resident row's bytes after each step.
+TEST_CASE("GPU batch entries that repeat a request take no part in the step", "[hierarchy][gpu]")
+{
+  auto rng                 = test::seeded_engine("hierarchy gpu repeated entries");
+  std::uint64_t const salt = rng();
+  stream_guard stream;
+  auto config      = twin_config(4, host_memory::pinned);
+  config.max_batch = 32;
+  twin<row_format::mla_fp8_656> t(config, salt, stream.s);
+  std::vector<std::uint64_t> const ids = {1, 2, 3};
+  for (std::uint64_t id : ids) { t.admit(id, std::int32_t(40 + 30 * id), 4000); }
+  std::vector<std::uint64_t> entries;
+  for (int b = 0; b < config.max_batch; ++b) { entries.push_back(ids[std::size_t(b) % ids.size()]); }
+  int const steps = int(20 * test_scale());
+  for (int s = 0; s < steps; ++s) {
+    t.load_batch(entries, std::vector<std::int32_t>(entries.size(), 4));
+    std::vector<std::int32_t> accepted(entries.size(), 0);
+    for (std::size_t b = 0; b < ids.size(); ++b) { accepted[b] = std::int32_t(rng() % 5); }
+    t.step(rng, 32, &accepted, true);
+  }
+  t.check_host_store();
+}
+
 TEST_CASE("a step captured in CUDA graphs replays with new selections exactly",
           "[hierarchy][gpu][graph]")
 {

@@ -180,6 +180,27 @@ class twin {
     ref_.set_batch(rid.data(), queries.data(), int(ids.size()));
   }
 
+  /// The batch loaded from device memory (`load_batch`): entries whose request repeats an
+  /// earlier entry's take no part in the step (0 queries on both sides).
+  void load_batch(std::vector<std::uint64_t> const& ids, std::vector<std::int32_t> const& queries)
+  {
+    std::vector<std::int32_t> raw(1 + 2 * std::size_t(config_.max_batch), 0);
+    raw[0]   = std::int32_t(ids.size());
+    batch_   = ids;
+    queries_ = queries;
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+      raw[1 + b]                     = gpu_.request_index(request_id{ids[b]});
+      raw[1 + config_.max_batch + b] = queries[b];
+      if (std::find(ids.begin(), ids.begin() + std::ptrdiff_t(b), ids[b]) != ids.begin() + std::ptrdiff_t(b)) {
+        queries_[b] = 0;
+      }
+    }
+    device_vector<std::int32_t> d_raw(raw);
+    gpu_.load_batch(d_raw.data(), stream_);
+    ref_.load_batch(raw.data());
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));  // d_raw is freed here
+  }
+
   void set_pool_limit(int group, std::int64_t limit)
   {
     gpu_.set_pool_limit(group, limit, stream_);
@@ -513,6 +534,14 @@ class twin {
     REQUIRE(std::accumulate(owned.begin(), owned.end(), std::int64_t{0}) == owned_slots);
     REQUIRE(owned_slots == ref_.owned_slots(g));
     REQUIRE(free == ref_.free_slots(g));
+    // Per request: the same slots owned, the same spare slots.
+    auto const spares = download(p.spare_count, std::size_t(config_.max_requests));
+    for (auto const& [id, len] : lengths_) {
+      std::int32_t const r = gpu_.request_index(request_id{id});
+      INFO("request " << id << " group " << g);
+      REQUIRE(owned[std::size_t(r)] == ref_.owned_slots(request_id{id}, g));
+      REQUIRE(spares[std::size_t(r)] == ref_.spare_slots(request_id{id}, g));
+    }
   }
 
   void check_counters(int g)

@@ -612,6 +612,16 @@ class kv_hierarchy {
     auto const& gs = group_at(group, "owned_slots");
     return std::count_if(gs.owner.begin(), gs.owner.end(), [](std::int32_t o) { return o >= 0; });
   }
+  /// Slots of `group` that request `id` owns (resident rows and spare slots).
+  [[nodiscard]] std::int32_t owned_slots(request_id id, int group) const
+  {
+    return group_at(group, "owned_slots").owned_count[std::size_t(table_.index_of(id, "owned_slots"))];
+  }
+  /// Spare slots (owned, empty) of request `id` in `group`.
+  [[nodiscard]] std::int32_t spare_slots(request_id id, int group) const
+  {
+    return std::int32_t(group_at(group, "spare_slots").spare[std::size_t(table_.index_of(id, "spare_slots"))].size());
+  }
   /// Free slots of `group`.
   [[nodiscard]] std::int64_t free_slots(int group) const
   {

@@ -161,6 +161,16 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
   auto const& pool            = p.pool;
   std::int32_t const r        = p.batch.requests[b];
   std::int32_t const nq       = p.batch.queries[b];
+  if (nq == 0) {
+    // Not part of the step (a repeated or released entry): no rows, no tails. Its request
+    // index may be another entry's, whose block owns the request's lists this step — a
+    // write-back of counts read here would undo that block's allocation (F19).
+    for (int j = threadIdx.x; j < p.batch.max_queries; j += Block) {
+      p.tail_slots[std::int64_t(b) * p.batch.max_queries + j] = -1;
+    }
+    if (threadIdx.x == 0) { w.need[b] = request_need{}; }
+    return;
+  }
   std::int32_t const len      = p.batch.lengths[r];
   std::int64_t const entries  = w.entries;
   request_need const need     = w.need[b];
