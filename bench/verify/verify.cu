@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -307,7 +308,9 @@ int main(int argc, char** argv)
     DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     cluster_device = major >= 9;
   }
-  bool const sweep = std::getenv("DHISPARSE_VERIFY_SWEEP") != nullptr;
+  bool const sweep      = std::getenv("DHISPARSE_VERIFY_SWEEP") != nullptr;
+  bool const tail_sweep = std::getenv("DHISPARSE_VERIFY_TAIL") != nullptr;  // only the pass-prefetch variants
+  char const* only      = std::getenv("DHISPARSE_VERIFY_ONLY");               // configurations whose name holds it
   struct variant {
     std::string label;
     int ctas       = 1;      ///< ctas_per_request (the wide path: 0)
@@ -318,6 +321,8 @@ int main(int argc, char** argv)
     int ctas_per_sm = 0;     ///< wide: CTAs per SM of a depth launch (0: the library's)
     int unroll      = 0;     ///< wide: 16-byte loads in flight per thread, 4 or 8 (0: the library's)
     int cluster     = 0;     ///< sweep: a cluster of 2 or 4 CTAs per request, launched here
+    int tail_pass   = -1;    ///< ≥ 0: one CTA per request launched here with this `pass_tuning`
+    int tail_ahead  = 0;
   };
   std::size_t const ws_bytes = [&] {
     verify_params shape;
@@ -337,6 +342,7 @@ int main(int argc, char** argv)
   std::printf("\n%-48s %9s %9s %10s %10s %9s %9s %11s\n", "configuration", "time ms", "accepted", "read MB",
               "read GB/s", "of copy", "of read", "p+q MB");
   for (config const& c : configs) {
+    if (only != nullptr && std::string(c.name).find(only) == std::string::npos) { continue; }
     bool const greedy = c.rule == verify_rule::greedy;
     std::vector<variant> variants{{"1 CTA", 1}};
     if (cluster_device) { variants.push_back({"cluster " + std::to_string(verify_cluster_ctas), verify_cluster_ctas}); }
@@ -344,6 +350,19 @@ int main(int argc, char** argv)
       for (int const n : {2, 4}) {
         variant w{"cluster " + std::to_string(n) + " (sweep)", 0};
         w.cluster = n;
+        variants.push_back(w);
+      }
+    }
+    if ((sweep || tail_sweep) && !greedy) {  // the later passes' L2 prefetch (pass_tuning), against none
+      detail::verify::pass_tuning const lib{};
+      for (auto const& [pass, ahead] : std::vector<std::pair<int, int>>{
+             {1 << 30, 0}, {1, 4}, {1, 8}, {2, 4}, {2, 8}, {2, 16}, {3, 8}, {3, 16}}) {
+        if (pass == lib.tail_pass && ahead == lib.tail_ahead) { continue; }  // "1 CTA" is the library's
+        variant w{pass > 64 ? std::string("1 CTA, no pass prefetch")
+                            : "1 CTA, prefetch " + std::to_string(ahead) + " from pass " + std::to_string(pass),
+                  1};
+        w.tail_pass  = pass;
+        w.tail_ahead = ahead;
         variants.push_back(w);
       }
     }
@@ -440,8 +459,18 @@ int main(int argc, char** argv)
           config.attrs    = &attribute;
           config.numAttrs = 1;
           auto const l    = detail::verify::layout::of(r);
-          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l)
-                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l));
+          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l, detail::verify::pass_tuning{})
+                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l, detail::verify::pass_tuning{}));
+        } else if (v.tail_pass >= 0) {
+          DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
+          auto const l = detail::verify::layout::of(r);
+          detail::verify::pass_tuning const t{v.tail_pass, v.tail_ahead};
+          if (detail::verify::vector_width(r) == 4) {
+            detail::verify::verify_kernel<4, 1><<<unsigned(r.capacity), detail::verify::block_threads, 0, stream>>>(r, l, t);
+          } else {
+            detail::verify::verify_kernel<1, 1><<<unsigned(r.capacity), detail::verify::block_threads, 0, stream>>>(r, l, t);
+          }
+          DHISPARSE_CUDA_TRY(cudaGetLastError());
         } else if (v.max_chunk > 0) {
           DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));

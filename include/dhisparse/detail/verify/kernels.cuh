@@ -36,12 +36,13 @@
 namespace dhisparse::detail::verify {
 
 template <int Vec, int Ctas>
-DHISPARSE_KERNEL void __launch_bounds__(block_threads, 4) verify_kernel(verify_params a, layout l)
+DHISPARSE_KERNEL void __launch_bounds__(block_threads, 4)
+  verify_kernel(verify_params a, layout l, pass_tuning tuning = {})
 {
   __shared__ shared_state sh;
   int const batch = batch_of(a, blockIdx.x == 0 && threadIdx.x == 0);
   int const b = int(blockIdx.x) / Ctas;  // a cluster is Ctas consecutive CTAs
-  request_block<Vec, Ctas> r(a, l, sh, b, cluster_rank<Ctas>());
+  request_block<Vec, Ctas> r(a, l, sh, b, cluster_rank<Ctas>(), tuning);
   if (b >= batch) {
     r.write_padding();
   } else {
@@ -108,7 +109,7 @@ cudaError_t launch(verify_params const& a, cudaStream_t stream)
     cluster                = greedy_rows && fits && clusters_available<Vec>();
   }
   if (!cluster) {
-    verify_kernel<Vec, 1><<<a.capacity, block_threads, 0, stream>>>(a, layout::of(a));
+    verify_kernel<Vec, 1><<<a.capacity, block_threads, 0, stream>>>(a, layout::of(a), pass_tuning{});
     return check_launch(stream);
   }
   cudaLaunchAttribute attribute{};
@@ -122,7 +123,7 @@ cudaError_t launch(verify_params const& a, cudaStream_t stream)
   config.stream            = stream;
   config.attrs             = &attribute;
   config.numAttrs          = 1;
-  cudaError_t const status = cudaLaunchKernelEx(&config, verify_kernel<Vec, verify_cluster_ctas>, a, layout::of(a));
+  cudaError_t const status = cudaLaunchKernelEx(&config, verify_kernel<Vec, verify_cluster_ctas>, a, layout::of(a), pass_tuning{});
   if (status != cudaSuccess) { return status; }
   return check_launch(stream);
 }

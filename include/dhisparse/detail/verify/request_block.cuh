@@ -60,8 +60,9 @@ __device__ __forceinline__ int batch_of(verify_params const& a, bool report)
 template <int Vec, int Ctas>
 class request_block {
  public:
-  __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b, int rank)
-    : a_{a}, l_{l}, sh_{sh}, b_{b}, rank_{rank}, chunk_len_{chunk_length(a.vocab)},
+  __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b, int rank,
+                           pass_tuning tuning = {})
+    : a_{a}, l_{l}, sh_{sh}, b_{b}, rank_{rank}, tuning_{tuning}, chunk_len_{chunk_length(a.vocab)},
       nchunks_{int((a.vocab + chunk_len_ - 1) / chunk_len_)}
   {
   }
@@ -435,8 +436,9 @@ class request_block {
     bool const dense_q = a_.distribution == draft_distribution::dense && k > 0;
     bool const cands   = a_.distribution == draft_distribution::candidates && k > 0;
     patches_           = cands ? load_candidates(row, k) : removed;
-    pass_sums s        = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_)
-                                 : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_);
+    int const ahead    = passes_++ >= tuning_.tail_pass ? tuning_.tail_ahead : prefetch_chunks_p;
+    pass_sums s = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_, ahead)
+                          : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_, ahead);
     combine_pass<Ctas>(sh_, s, nchunks_, rank_);
     std::uint32_t f    = s.flags;
     if (threadIdx.x == 0) { f |= mass_flags(s, dense_q, a_.sum_tolerance); }
@@ -689,6 +691,8 @@ class request_block {
   shared_state& sh_;
   int b_;
   int rank_;  ///< of this CTA in the request's cluster (0 without one)
+  pass_tuning tuning_;
+  int passes_ = 0;  ///< sampling passes so far
   std::int64_t chunk_len_;
   int nchunks_;
   int patches_   = 0;

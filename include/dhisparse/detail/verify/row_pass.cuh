@@ -77,6 +77,23 @@ inline constexpr int prefetch_chunks_p  = DHISPARSE_VERIFY_PREFETCH_CHUNKS;
 inline constexpr int prefetch_chunks_pq = (prefetch_chunks_p + 1) / 2;
 static_assert(prefetch_chunks_p >= 0, "DHISPARSE_VERIFY_PREFETCH_CHUNKS must be >= 0");
 
+/**
+ * When a request's later row passes prefetch into L2 (`row_pass_impl`'s `ahead`): from its
+ * `tail_pass`-th sampling pass on (0-based), each warp keeps `tail_ahead` chunks of p (half
+ * as many of each row of p and q) on their way to L2. The idea: a request that needs a
+ * second or third pass (a tree node whose first draft was rejected) runs it while most other
+ * requests of the call have finished, its CTA alone on its SM and bound by the latency of
+ * its own loads; the prefetch puts more bytes in flight without registers, while the first
+ * passes, which run when every SM is busy and HBM is the limit, stay as they are
+ * (prefetching there only crowds L2: docs/benchmarks.md, verify). Not measured yet: off by
+ * default (`tail_pass` never reached); `bench_verify` with DHISPARSE_VERIFY_TAIL=1 sweeps
+ * it against no prefetch.
+ */
+struct pass_tuning {
+  int tail_pass  = 1 << 30;
+  int tail_ahead = 0;
+};
+
 /// Accumulators of one pass.
 struct pass_sums {
   std::uint64_t p = 0, q = 0, r = 0;  ///< fixed-point masses of p, q and R_k
@@ -133,7 +150,7 @@ static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::p
  */
 template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
-                                                std::int64_t vocab, int rank)
+                                                std::int64_t vocab, int rank, int ahead_p)
 {
   using loader           = row_loader<Vec>;
   constexpr bool with_q  = Mode != 0;
@@ -145,10 +162,10 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   int const nchunks      = int((vocab + len - 1) / len);
   int const first         = rank * block_warps + warp;  // this warp's chunks: first + i·stride
   int const stride        = Ctas * block_warps;
-  constexpr int ahead     = with_q ? prefetch_chunks_pq : prefetch_chunks_p;
+  int const ahead         = with_q ? (ahead_p + 1) / 2 : ahead_p;
   auto prefetch_chunk     = [&](int c) {
-    if constexpr (Vec == 4 && ahead > 0) {
-      if (lane == 0 && c < nchunks) {
+    if constexpr (Vec == 4) {
+      if (ahead > 0 && lane == 0 && c < nchunks) {
         std::int64_t const start = c * len;
         std::int64_t const bytes = 4 * min(len, vocab - start);
         prefetch_l2(prow + start, bytes);
@@ -156,7 +173,6 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
       }
     }
   };
-#pragma unroll
   for (int i = 1; i <= ahead; ++i) { prefetch_chunk(first + i * stride); }
   pass_sums s;
   for (int c = first; c < nchunks; c += stride) {
@@ -239,16 +255,17 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
 }
 
 /// A pass over p alone (`DenseQ` false) or over p and q with k rejections; CTA `rank` of
-/// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`).
+/// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`). `ahead`:
+/// chunks of p each warp keeps prefetched into L2 (see `pass_tuning`).
 template <int Vec, bool DenseQ, int Ctas>
 __device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* qrow, int k,
-                              std::int64_t vocab, int rank)
+                              std::int64_t vocab, int rank, int ahead = prefetch_chunks_p)
 {
   if constexpr (!DenseQ) {
-    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank);
+    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank, ahead);
   } else {
-    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank)
-                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank);
+    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank, ahead)
+                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank, ahead);
   }
 }
 
