@@ -21,6 +21,10 @@
 #         phases       the resolve and reclaim phase probes (scripts/probes; packed unless
 #                      PACK_PROBES=0) at --batches 1,128: where resolve's time goes
 #         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
+#         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
+#                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
+#                      the seeds that failed before F19's fix): how many runs fail
+#         verify-tail  bench_verify's sweep of the later passes' L2 prefetch (sampling rules)
 #       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
 #       one 600 s call returns with its summary; pass one or two parts per call.
 #
@@ -131,6 +135,24 @@ run_parts() {
           "$bin/bench_${probe}_phases" --batches 1,128 > "$out/${probe}_phases.txt" 2>&1 || true
           tail -40 "$out/${probe}_phases.txt"
         done
+        ;;
+      repeat)
+        local test=${REPEAT_TEST:-test_verify_graph_gpu} n=${REPEAT_N:-40} failed=0 i seed
+        local seeds=${REPEAT_SEEDS:-"3334060291631480170 17067481413527834950 877543496355533122"}
+        mkdir -p "$out/repeat"
+        for seed in $seeds; do
+          DHISPARSE_TEST_SEED=$seed "$bin/$test" > "$out/repeat/seed_$seed.log" 2>&1 && rc=0 || rc=$?
+          echo "$test seed $seed rc=$rc"
+        done | tee "$out/repeat_summary.txt"
+        for i in $(seq 1 "$n"); do
+          [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline after $((i - 1)) runs"; n=$((i - 1)); break; }
+          "$bin/$test" > "$out/repeat/run.log" 2>&1 || { failed=$((failed + 1)); cp "$out/repeat/run.log" "$out/repeat/failed_$i.log"; }
+        done
+        echo "$test: $failed of $n runs with fresh seeds failed" | tee -a "$out/repeat_summary.txt"
+        ;;
+      verify-tail)
+        DHISPARSE_VERIFY_TAIL=1 "$bin/bench_verify" --reps 20 --json "$out/verify_tail.json" > "$out/verify_tail.txt" 2>&1 || true
+        grep -E "dense|candidate|one-hot|copy" "$out/verify_tail.txt" | head -60
         ;;
       multi)
         local gpus

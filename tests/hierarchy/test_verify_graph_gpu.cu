@@ -9,12 +9,12 @@
 // reference (hierarchy, host::verify, host::draft_ring; everything but attention, whose
 // reference agrees within dtype tolerance only). The host stores agree at the end.
 //
-// Open (2026-12-05): with some seeds (about 1 run in 8) one side reads other bytes for the
-// row the previous step's commit_verified committed last (deterministic per seed, present
-// at 3c4244d too): docs/reliability.md, finding F19. An attention output that differs prints
-// which selected rows differ from the reference's (`diagnose`); DHISPARSE_DIAG=1 also checks
-// every resident committed row of both sides after each replay and prints the admissions
-// and releases between replays, to find the first step where a side goes wrong.
+// Finding F19 (docs/reliability.md) came from this test: with about 1 seed in 8 one side read
+// other bytes for a committed row, because the step's repeated entry ran allocate and undid
+// its request's allocation (fixed in 5ce5ddc). An attention output that differs prints which
+// selected rows differ from the reference's (`diagnose`); DHISPARSE_DIAG=1 also checks every
+// resident committed row of both sides after each replay and prints the admissions and
+// releases between replays, to find the first step where a side goes wrong.
 #include "random.hpp"
 #include "twin.cuh"
 
