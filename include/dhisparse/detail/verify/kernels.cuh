@@ -37,7 +37,7 @@ namespace dhisparse::detail::verify {
 
 template <int Vec, int Ctas>
 DHISPARSE_KERNEL void __launch_bounds__(block_threads, 4)
-  verify_kernel(verify_params a, layout l, pass_tuning tuning = {})
+  verify_kernel(verify_params a, layout l, pass_tuning tuning)
 {
   __shared__ shared_state sh;
   int const batch = batch_of(a, blockIdx.x == 0 && threadIdx.x == 0);

@@ -73,8 +73,7 @@ __device__ __forceinline__ void prefetch_l2(float const* ptr, std::int64_t bytes
 /// CTAs, a third of the H200's L2), so the loads hit L2. A pass over p and q prefetches
 /// half as many chunks of each row (the same bytes). Prefetching needs 16-byte aligned
 /// rows (`Vec` = 4).
-inline constexpr int prefetch_chunks_p  = DHISPARSE_VERIFY_PREFETCH_CHUNKS;
-inline constexpr int prefetch_chunks_pq = (prefetch_chunks_p + 1) / 2;
+inline constexpr int prefetch_chunks_p = DHISPARSE_VERIFY_PREFETCH_CHUNKS;
 static_assert(prefetch_chunks_p >= 0, "DHISPARSE_VERIFY_PREFETCH_CHUNKS must be >= 0");
 
 /**
