@@ -24,7 +24,7 @@
 #         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
 #                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
 #                      the seeds that failed before F19's fix): how many runs fail
-#         verify-tail  bench_verify's sweep of the later passes' L2 prefetch (sampling rules)
+#         verify-tail  bench_verify's sweep of the later passes' L2 prefetch and shared passes (sampling rules)
 #       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
 #       one 600 s call returns with its summary; pass one or two parts per call.
 #
@@ -152,7 +152,7 @@ run_parts() {
         ;;
       verify-tail)
         DHISPARSE_VERIFY_TAIL=1 "$bin/bench_verify" --reps 20 --json "$out/verify_tail.json" > "$out/verify_tail.txt" 2>&1 || true
-        grep -E "dense|candidate|one-hot|copy" "$out/verify_tail.txt" | head -60
+        grep -E "dense|candidate|one-hot|copy" "$out/verify_tail.txt" | head -120
         ;;
       multi)
         local gpus

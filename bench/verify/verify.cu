@@ -323,11 +323,15 @@ int main(int argc, char** argv)
     int cluster     = 0;     ///< sweep: a cluster of 2 or 4 CTAs per request, launched here
     int tail_pass   = -1;    ///< ≥ 0: one CTA per request launched here with this `pass_tuning`
     int tail_ahead  = 0;
+    int share_from  = 1 << 30;  ///< with tail_pass ≥ 0: passes shared from this one (a workspace)
+    int share_groups = 16;
   };
-  std::size_t const ws_bytes = [&] {
+  std::size_t const ws_bytes = [&] {  // the sampling layout holds the greedy one
     verify_params shape;
+    shape.rule       = verify_rule::sampling;
     shape.capacity   = B;
     shape.max_drafts = d;
+    shape.vocab      = V;
     return verify_workspace_bytes(shape);
   }();
   void* workspace = nullptr;
@@ -363,6 +367,14 @@ int main(int argc, char** argv)
                   1};
         w.tail_pass  = pass;
         w.tail_ahead = ahead;
+        variants.push_back(w);
+      }
+      // Shared passes (shared_pass.cuh): from pass 1 (the second) or 0, 8 to 32 groups.
+      for (auto const& [from, groups] : std::vector<std::pair<int, int>>{{1, 8}, {1, 16}, {1, 32}, {0, 16}, {2, 16}}) {
+        variant w{"1 CTA, shared from pass " + std::to_string(from) + ", " + std::to_string(groups) + " groups", 1};
+        w.tail_pass    = 1 << 30;
+        w.share_from   = from;
+        w.share_groups = groups;
         variants.push_back(w);
       }
     }
@@ -459,18 +471,18 @@ int main(int argc, char** argv)
           config.attrs    = &attribute;
           config.numAttrs = 1;
           auto const l    = detail::verify::layout::of(r);
-          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l, detail::verify::pass_tuning{})
-                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l, detail::verify::pass_tuning{}));
+          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l, detail::verify::pass_tuning{}, detail::verify::pass_share{})
+                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l, detail::verify::pass_tuning{}, detail::verify::pass_share{}));
         } else if (v.tail_pass >= 0) {
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
-          auto const l = detail::verify::layout::of(r);
-          detail::verify::pass_tuning const t{v.tail_pass, v.tail_ahead};
-          if (detail::verify::vector_width(r) == 4) {
-            detail::verify::verify_kernel<4, 1><<<unsigned(r.capacity), detail::verify::block_threads, 0, stream>>>(r, l, t);
-          } else {
-            detail::verify::verify_kernel<1, 1><<<unsigned(r.capacity), detail::verify::block_threads, 0, stream>>>(r, l, t);
+          detail::verify::pass_tuning const t{v.tail_pass, v.tail_ahead, v.share_from, v.share_groups};
+          verify_params s = r;
+          if (t.shares()) {
+            s.workspace       = workspace;
+            s.workspace_bytes = ws_bytes;
           }
-          DHISPARSE_CUDA_TRY(cudaGetLastError());
+          DHISPARSE_CUDA_TRY(detail::verify::vector_width(s) == 4 ? detail::verify::launch<4>(s, stream, t)
+                                                                  : detail::verify::launch<1>(s, stream, t));
         } else if (v.max_chunk > 0) {
           DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));

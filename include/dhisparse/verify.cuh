@@ -34,6 +34,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/verify/tuning.hpp>
 #include <dhisparse/verify_params.hpp>
 #include <dhisparse/error.cuh>
 #include <dhisparse/status.hpp>
@@ -47,7 +48,7 @@ namespace dhisparse {
 
 namespace detail::verify {
 template <int Vec>
-cudaError_t launch(verify_params const& a, cudaStream_t stream);
+cudaError_t launch(verify_params const& a, cudaStream_t stream, pass_tuning const& tuning);
 inline int vector_width(verify_params const& a);
 }  // namespace detail::verify
 
@@ -76,8 +77,9 @@ inline cudaError_t verify_async(verify_params const& a, cudaStream_t stream)
   if (!verify_params_problem(a).empty()) { return cudaErrorInvalidValue; }
   cudaError_t const cleared = cudaMemsetAsync(a.status, 0, sizeof(std::uint32_t), stream);
   if (cleared != cudaSuccess) { return cleared; }
-  return detail::verify::vector_width(a) == 4 ? detail::verify::launch<4>(a, stream)
-                                              : detail::verify::launch<1>(a, stream);
+  detail::verify::pass_tuning const tuning{};  // the library's choice (tuning.hpp)
+  return detail::verify::vector_width(a) == 4 ? detail::verify::launch<4>(a, stream, tuning)
+                                              : detail::verify::launch<1>(a, stream, tuning);
 }
 
 /**
@@ -113,9 +115,11 @@ inline void check_verify_status_sync(std::uint32_t const* status, cudaStream_t s
  */
 #define DHISPARSE_VERIFY_INSTANTIATE()                                                        \
   template cudaError_t dhisparse::detail::verify::launch<1>(dhisparse::verify_params const&, \
-                                                            cudaStream_t);                    \
+                                                            cudaStream_t,                     \
+                                                            dhisparse::detail::verify::pass_tuning const&); \
   template cudaError_t dhisparse::detail::verify::launch<4>(dhisparse::verify_params const&, \
-                                                            cudaStream_t)
+                                                            cudaStream_t,                     \
+                                                            dhisparse::detail::verify::pass_tuning const&)
 
 /**
  * @brief Declares the instantiation made elsewhere (`DHISPARSE_VERIFY_INSTANTIATE`), so
@@ -124,9 +128,11 @@ inline void check_verify_status_sync(std::uint32_t const* status, cudaStream_t s
  */
 #define DHISPARSE_VERIFY_EXTERN()                                                                    \
   extern template cudaError_t dhisparse::detail::verify::launch<1>(dhisparse::verify_params const&, \
-                                                                   cudaStream_t);                    \
+                                                                   cudaStream_t,                     \
+                                                                   dhisparse::detail::verify::pass_tuning const&); \
   extern template cudaError_t dhisparse::detail::verify::launch<4>(dhisparse::verify_params const&, \
-                                                                   cudaStream_t)
+                                                                   cudaStream_t,                     \
+                                                                   dhisparse::detail::verify::pass_tuning const&)
 
 #include <dhisparse/detail/verify/kernels.cuh>
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <dhisparse/detail/config.hpp>
+#include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/status.hpp>
 
 #include <algorithm>
@@ -104,8 +105,11 @@ struct verify_params {
   /// `target_tokens`, no `validate_all`) and `ctas_per_request` = 0 runs the wide greedy
   /// path: the rows of every request at one depth of its accepted path are argmaxed
   /// together by the whole GPU, one launch per depth (docs/verify.md); the outputs are the
-  /// same. Other calls ignore it. Nothing needs initializing (the call resets what it
-  /// uses, so a captured graph replays as is); one call at a time may use it.
+  /// same. Sampling calls with one CTA per request may use it to share a request's later
+  /// row passes with the CTAs that have finished theirs (detail/verify/tuning.hpp; off in
+  /// `verify_async` until measured); other calls ignore it. Nothing needs initializing (the
+  /// call resets what it uses, so a captured graph replays as is); one call at a time may
+  /// use it.
   void* workspace             = nullptr;
   std::size_t workspace_bytes = 0;  ///< size of `workspace`
 
@@ -130,28 +134,63 @@ inline bool extent_fits(std::int64_t capacity, std::int64_t rows, std::int64_t s
   return stride <= most / n;
 }
 
+/// Most groups a shared row pass is cut into (`pass_tuning::share_groups`,
+/// detail/verify/shared_pass.cuh).
+inline constexpr int max_share_groups = 64;
+
 /**
- * @brief Where the arrays of the wide greedy path lie in `verify_params::workspace`
- *        (detail/verify/wide.cuh): byte offsets from its start, for `capacity` requests and
- *        `max_drafts` drafts. Two of each per-row array: depth L uses set L mod 2 while
- *        depth L + 1's rows are appended to the other.
+ * @brief Where the arrays of the wide greedy path and of shared row passes lie in
+ *        `verify_params::workspace`: byte offsets from its start. The wide path (greedy,
+ *        detail/verify/wide.cuh) keeps two of each per-row array — depth L uses set L mod 2
+ *        while depth L + 1's rows are appended to the other; shared passes (sampling,
+ *        detail/verify/shared_pass.cuh) keep per request a pass descriptor, its chunk masses
+ *        and one partial sum per group, and a control block the launch clears.
  */
 struct workspace_layout {
   std::size_t keys;      ///< u64 [2][capacity]: packed argmax of each row of a depth so far
   std::size_t progress;  ///< u64 [2][capacity]: chunks of the row done (low half), with NaN (high half)
   std::size_t entries;   ///< int32 pairs [2][capacity]: (request, node) of each row of a depth
   std::size_t counts;    ///< int32 [max_drafts + 1]: rows of depth L (L ≥ 1)
+  std::size_t control;   ///< u32: started, finished, pad, pad, claim [capacity], done [capacity], open bits
+  std::size_t control_bytes;  ///< bytes of `control` (cleared by each launch that shares passes)
+  std::size_t descs;     ///< per request: int32 {row, k, dense, pad}, then u64 masses [max_drafts + 1]
+  std::size_t chunks;    ///< u64 [capacity][nchunks]: chunk masses of a request's shared pass
+  std::size_t partials;  ///< `share_partial` [capacity][max_share_groups]
   std::size_t bytes;     ///< total, a multiple of 16
 
-  DHISPARSE_HOST_DEVICE static workspace_layout of(int capacity, int max_drafts)
+  /// Bytes of one request's descriptor (16-byte multiple).
+  DHISPARSE_HOST_DEVICE static std::size_t desc_bytes(int max_drafts)
   {
-    std::size_t const rows = 2 * std::size_t(capacity > 0 ? capacity : 0);
+    return (16 + 8 * (std::size_t(max_drafts > 0 ? max_drafts : 0) + 1) + 15) / 16 * 16;
+  }
+  /// Bytes of one group's partial sums (`share_partial`).
+  static constexpr std::size_t partial_bytes = 48;
+
+  /// The wide path's arrays for `capacity` and `max_drafts`; with `sampling`, the shared
+  /// passes' arrays for a vocabulary of `vocab` tokens after them.
+  DHISPARSE_HOST_DEVICE static workspace_layout of(int capacity, int max_drafts, std::int64_t vocab = 0,
+                                                   bool sampling = false)
+  {
+    std::size_t const cap  = std::size_t(capacity > 0 ? capacity : 0);
+    std::size_t const rows = 2 * cap;
+    auto const align16     = [](std::size_t n) { return (n + 15) / 16 * 16; };
     workspace_layout w{};
     w.keys     = 0;
     w.progress = w.keys + 8 * rows;
     w.entries  = w.progress + 8 * rows;
     w.counts   = w.entries + 8 * rows;
-    w.bytes    = (w.counts + 4 * (std::size_t(max_drafts > 0 ? max_drafts : 0) + 1) + 15) / 16 * 16;
+    w.control  = align16(w.counts + 4 * (std::size_t(max_drafts > 0 ? max_drafts : 0) + 1));
+    if (!sampling || vocab <= 0) {
+      w.descs = w.chunks = w.partials = w.bytes = w.control;
+      w.control_bytes                         = 0;
+      return w;
+    }
+    std::size_t const nchunks = std::size_t((vocab + chunk_length(vocab) - 1) / chunk_length(vocab));
+    w.control_bytes           = align16(4 * (4 + 2 * cap + (cap + 31) / 32));
+    w.descs                   = w.control + w.control_bytes;
+    w.chunks                  = w.descs + cap * desc_bytes(max_drafts);
+    w.partials                = align16(w.chunks + 8 * cap * nchunks);
+    w.bytes                   = w.partials + cap * max_share_groups * partial_bytes;
     return w;
   }
 };
@@ -159,14 +198,17 @@ struct workspace_layout {
 }  // namespace detail::verify
 
 /**
- * @brief Bytes of device scratch the wide greedy path needs for these shapes
- *        (`verify_params::workspace`): 48 per request of `capacity`, plus 4 per draft; it
- *        depends on `capacity` and `max_drafts` only, so one allocation serves every call of
- *        that size. Calls that do not take the wide path ignore the workspace.
+ * @brief Bytes of device scratch for these shapes (`verify_params::workspace`). Greedy
+ *        rules (the wide path): 48 per request of `capacity`, plus 4 per draft. Sampling
+ *        rules also get room for shared row passes: per request a descriptor (16 + 8 per
+ *        node), 8 bytes per vocabulary chunk and 3 KB of group sums (≈ 5.5 KB per request at
+ *        V = 151 552, d = 8). It depends on `rule`, `capacity`, `max_drafts` and `vocab`,
+ *        so one allocation serves every call of those sizes.
  */
 inline std::size_t verify_workspace_bytes(verify_params const& a)
 {
-  return detail::verify::workspace_layout::of(a.capacity, a.max_drafts).bytes;
+  return detail::verify::workspace_layout::of(a.capacity, a.max_drafts, a.vocab, a.rule == verify_rule::sampling)
+    .bytes;
 }
 
 /**

@@ -45,18 +45,36 @@ bool device_has_clusters()
 /// Stands for the wide greedy path in the lists of kernel shapes: `ctas_per_request` 0 and
 /// a workspace (calls that are not greedy from p ignore it and take the default shape).
 constexpr int wide = -1;
+/// Stands for one CTA per request with shared row passes (detail/verify/shared_pass.cuh):
+/// a workspace and `shared_tuning`, every sampling pass shared; greedy calls run one CTA.
+constexpr int shared = -2;
+
+/// The tuning of the `shared` shape: every pass shared (the library shares only later ones),
+/// 7 groups (uneven chunk ranges; fewer where a row has fewer chunks).
+detail::verify::pass_tuning shared_tuning()
+{
+  detail::verify::pass_tuning t;
+  t.share_from   = 0;
+  t.share_groups = 7;
+  return t;
+}
 
 /// The kernel shapes every exactness test runs: one CTA per request, and where the device
 /// has clusters a cluster per request, asked for explicitly (so that a fallback to one CTA
-/// would fail the launch, not pass silently); and the wide greedy path.
+/// would fail the launch, not pass silently); the wide greedy path; shared row passes.
 std::vector<int> ctas_choices()
 {
-  if (device_has_clusters()) { return {1, verify_cluster_ctas, wide}; }
-  return {1, 0, wide};
+  if (device_has_clusters()) { return {1, verify_cluster_ctas, wide, shared}; }
+  return {1, 0, wide, shared};
 }
 
 /// A name for a kernel shape in test messages.
-std::string shape_name(int ctas) { return ctas == wide ? std::string("wide") : std::to_string(ctas) + " CTAs"; }
+std::string shape_name(int ctas)
+{
+  if (ctas == wide) { return "wide"; }
+  if (ctas == shared) { return "shared passes"; }
+  return std::to_string(ctas) + " CTAs";
+}
 
 /// A `verify_case` uploaded to the device, with device outputs.
 struct device_case {
@@ -67,6 +85,8 @@ struct device_case {
   device_vector<std::uint64_t> rng, bytes_read;
   device_vector<std::uint32_t> request_status, status;
   device_vector<unsigned char> workspace;
+  detail::verify::pass_tuning tuning;
+  bool share = false;
 
   explicit device_case(test::verify_case const& c) : a{c.a}
   {
@@ -98,11 +118,14 @@ struct device_case {
   }
 
   /// Kernel shape `ctas` (`ctas_per_request`, or `wide`: the launcher's choice with a
-  /// workspace of exactly `verify_workspace_bytes`).
-  void use(int ctas)
+  /// workspace of exactly `verify_workspace_bytes`, or `shared`: one CTA per request, that
+  /// workspace and `tuning`).
+  void use(int ctas, detail::verify::pass_tuning const& t = shared_tuning())
   {
-    a.ctas_per_request = ctas == wide ? 0 : ctas;
-    if (ctas == wide) {
+    a.ctas_per_request = ctas == wide ? 0 : ctas == shared ? 1 : ctas;
+    tuning             = ctas == shared ? t : detail::verify::pass_tuning{};
+    share              = ctas == shared;
+    if (ctas == wide || ctas == shared) {
       workspace         = device_vector<unsigned char>(verify_workspace_bytes(a));
       a.workspace       = workspace.data();
       a.workspace_bytes = workspace.size();
@@ -127,9 +150,23 @@ struct device_case {
     bytes_read.fill_bytes(0);
   }
 
+  /// Enqueues the call: `verify_async`, or for shared passes the launcher with `tuning`
+  /// after the same checks and status reset.
+  void enqueue(cudaStream_t stream)
+  {
+    if (!share) {
+      DHISPARSE_CUDA_TRY(verify_async(a, stream));
+      return;
+    }
+    DHISPARSE_EXPECTS_NO_PROBLEM(verify_params_problem(a));
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(a.status, 0, sizeof(std::uint32_t), stream));
+    DHISPARSE_CUDA_TRY(detail::verify::vector_width(a) == 4 ? detail::verify::launch<4>(a, stream, tuning)
+                                                            : detail::verify::launch<1>(a, stream, tuning));
+  }
+
   void run(cudaStream_t stream = nullptr)
   {
-    DHISPARSE_CUDA_TRY(verify_async(a, stream));
+    enqueue(stream);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
@@ -164,13 +201,14 @@ void require_same(test::verify_case const& host, test::verify_case const& dev)
   REQUIRE(dev.bytes_read == host.bytes_read);
 }
 
-/// Runs a case on the device (with `ctas` CTAs per request: `ctas_per_request`) and on the
-/// host (flag mode, as the kernel behaves) and requires identical outputs; returns the host
-/// result.
-test::verify_case run_both(test::verify_case c, int ctas = 0)
+/// Runs a case on the device (with `ctas` CTAs per request: `ctas_per_request`; `shared`:
+/// with `tuning`) and on the host (flag mode, as the kernel behaves) and requires identical
+/// outputs; returns the host result.
+test::verify_case run_both(test::verify_case c, int ctas = 0,
+                           detail::verify::pass_tuning const& tuning = shared_tuning())
 {
   device_case d(c);
-  d.use(ctas);
+  d.use(ctas, tuning);
   d.poison();
   d.run();
   test::verify_case const dev = d.download(c);
@@ -342,9 +380,11 @@ TEST_CASE("GPU input checks: status bits name the argument; nothing else is touc
         CHECK(dev.emitted_of(b) == ref.emitted_of(b));
         CHECK(dev.request_status[b] == 0);
       }
-      // The wide greedy path reads what the per-request kernels read: the same outputs,
-      // statuses and bytes, bit for bit (for other rules it is the same call).
+      // The wide greedy path and shared row passes read what the per-request kernels read:
+      // the same outputs, statuses and bytes, bit for bit (for the rules each does not
+      // apply to it is the one-CTA kernel).
       require_same(dev, run_device(c, wide));
+      require_same(dev, run_device(c, shared));
     }
   }
   CHECK(applied >= (small_run() ? 25 : 60));
@@ -361,6 +401,14 @@ TEST_CASE("GPU: device batch size beyond capacity is flagged and clamped; bad pa
   test::verify_case const r = run_both(c);
   CHECK(r.status[0] == verify_status::bad_batch_size);
   CHECK(r.request_status[0] == 0);
+  // Shared passes: the helpers stop at the clamped batch (every request) and at a negative
+  // one (none).
+  CHECK(run_both(c, shared).status[0] == verify_status::bad_batch_size);
+  c.batch_size = {-2};
+  c.bind();
+  CHECK(run_both(c, shared).status[0] == verify_status::bad_batch_size);
+  c.batch_size = {9};
+  c.bind();
 
   // Greedy, on every kernel shape: too large a batch size, then a negative one (every
   // request padding).
@@ -723,45 +771,83 @@ TEST_CASE("GPU sampling: residuals without mass are sampled from p, as on the ho
   }
 }
 
+TEST_CASE("GPU shared row passes: every grouping gives the one-CTA outputs", "[verify][small]")
+{
+  // Trees with dense q make the most passes per request (a residual after each rejected
+  // sibling, then the bonus); chains and the other q forms share their passes over p.
+  auto g = test::seeded_engine("shared passes");
+  struct grouping {
+    int from, groups;
+  };
+  std::vector<grouping> const groupings{{0, 1}, {0, 3}, {1, 7}, {1, 64}, {2, 16}};
+  for (kind const& k : all_kinds()) {
+    if (k.rule != verify_rule::sampling) { continue; }
+    test::verify_case c = test::make_case(k.rule, k.topo, k.dist, small_run() ? 24 : 96, 8, 5000, 16, g);
+    for (grouping const gr : groupings) {
+      INFO("tree " << int(k.topo) << " q " << int(k.dist) << " from " << gr.from << " groups " << gr.groups);
+      detail::verify::pass_tuning t;
+      t.share_from   = gr.from;
+      t.share_groups = gr.groups;
+      CHECK(run_both(c, shared, t).status[0] == 0);
+    }
+  }
+  // More requests than the GPU holds at once: until the last CTAs have started, a finished
+  // CTA must not wait for work (it would hold an SM a request needs); then it helps.
+  test::verify_case big = test::make_case(verify_rule::sampling, draft_topology::tree, draft_distribution::dense,
+                                          small_run() ? 600 : 2500, 6, 1200, 0, g);
+  CHECK(run_both(big, shared).status[0] == 0);
+  // Residuals without mass: the pass over p that follows is shared as well.
+  test::verify_case flat = test::make_case(verify_rule::sampling, draft_topology::tree, draft_distribution::dense,
+                                           small_run() ? 10 : 40, 6, 3000, 0, g);
+  test::make_residuals_massless(flat);
+  CHECK(run_both(flat, shared).status[0] == 0);
+}
+
 TEST_CASE("GPU sampling is deterministic; a captured graph replays with a new offset", "[verify][small]")
 {
-  auto g              = test::seeded_engine("graph");
-  test::verify_case c = test::make_case(verify_rule::sampling, draft_topology::tree, draft_distribution::dense,
-                                        small_run() ? 8 : 32, 6, 300, 0, g);
-  device_case d(c);
-  d.poison();
-  d.run();
-  test::verify_case const first = d.download(c);
-  d.poison();
-  d.run();
-  require_same(first, d.download(c));
+  // The default shape, and shared row passes (whose claims the captured launch must clear
+  // on every replay: the poisoned workspace holds 0xFF everywhere).
+  for (int const shape : {0, shared}) {
+    INFO(shape_name(shape));
+    auto g              = test::seeded_engine("graph");
+    test::verify_case c = test::make_case(verify_rule::sampling, draft_topology::tree, draft_distribution::dense,
+                                          small_run() ? 8 : 32, 6, 4000, 0, g);
+    device_case d(c);
+    d.use(shape);
+    d.poison();
+    d.run();
+    test::verify_case const first = d.download(c);
+    d.poison();
+    d.run();
+    require_same(first, d.download(c));
 
-  test::captured_graph graph([&](cudaStream_t s) {
-    DHISPARSE_CUDA_TRY(verify_async(d.a, s));
-    DHISPARSE_CUDA_TRY(advance_rng_offset_async(d.rng.data(), 1, s));
-  });
-  std::vector<std::vector<std::int32_t>> seen;
-  for (int replay = 0; replay < 3; ++replay) {
+    test::captured_graph graph([&](cudaStream_t s) {
+      d.enqueue(s);
+      DHISPARSE_CUDA_TRY(advance_rng_offset_async(d.rng.data(), 1, s));
+    });
+    std::vector<std::vector<std::int32_t>> seen;
+    for (int replay = 0; replay < 3; ++replay) {
+      d.poison();
+      graph.replay();
+      test::verify_case ref = c;
+      ref.rng[1] += replay;
+      ref.bind();
+      host::verify(ref.a);
+      require_same(ref, d.download(c));
+      seen.push_back(ref.emitted);
+    }
+    CHECK(seen[0] != seen[1]);
+    // A new offset written from the host between replays is read by the next one.
+    std::vector<std::uint64_t> const state{c.rng[0], 12345};
+    d.rng.upload(state);
     d.poison();
     graph.replay();
     test::verify_case ref = c;
-    ref.rng[1] += replay;
+    ref.rng               = state;
     ref.bind();
     host::verify(ref.a);
     require_same(ref, d.download(c));
-    seen.push_back(ref.emitted);
   }
-  CHECK(seen[0] != seen[1]);
-  // A new offset written from the host between replays is read by the next one.
-  std::vector<std::uint64_t> const state{c.rng[0], 12345};
-  d.rng.upload(state);
-  d.poison();
-  graph.replay();
-  test::verify_case ref = c;
-  ref.rng               = state;
-  ref.bind();
-  host::verify(ref.a);
-  require_same(ref, d.download(c));
 }
 
 TEST_CASE("GPU sampling preserves the target distribution (65536 trials per rule)", "[verify][stats]")

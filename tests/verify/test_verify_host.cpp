@@ -493,6 +493,45 @@ TEST_CASE("bad shapes and batch sizes are refused with the argument named", "[ve
   CHECK(text.find("verify.p_negative") != std::string::npos);
 }
 
+TEST_CASE("the workspace layout: greedy arrays, then the shared passes' for sampling rules", "[verify][errors]")
+{
+  using detail::verify::workspace_layout;
+  for (int const capacity : {1, 31, 32, 33, 512}) {
+    for (int const d : {0, 8, 256}) {
+      for (std::int64_t const V : {1, 37, 151552, 1100003}) {
+        INFO("capacity " << capacity << " d " << d << " V " << V);
+        workspace_layout const g = workspace_layout::of(capacity, d, V, false);
+        workspace_layout const s = workspace_layout::of(capacity, d, V, true);
+        // Greedy: 48 bytes per request and 4 per draft, rounded to 16; nothing else.
+        CHECK(g.bytes == (48u * capacity + 4u * (d + 1) + 15) / 16 * 16);
+        CHECK(g.control_bytes == 0);
+        // Sampling: the same greedy arrays, then control, descriptors, chunks and partials,
+        // each 16-byte aligned and large enough, in that order.
+        CHECK(s.keys == g.keys);
+        CHECK(s.counts == g.counts);
+        CHECK(s.control >= s.counts + 4u * (d + 1));
+        std::size_t const nchunks = std::size_t((V + detail::verify::chunk_length(V) - 1) / detail::verify::chunk_length(V));
+        CHECK(s.control_bytes >= 4u * (4 + 2 * capacity) + 4u * ((capacity + 31) / 32));
+        CHECK(s.descs >= s.control + s.control_bytes);
+        CHECK(s.chunks >= s.descs + capacity * workspace_layout::desc_bytes(d));
+        CHECK(s.partials >= s.chunks + 8u * capacity * nchunks);
+        CHECK(s.bytes >= s.partials + capacity * std::size_t(detail::verify::max_share_groups) * workspace_layout::partial_bytes);
+        for (std::size_t const at : {s.control, s.descs, s.chunks, s.partials, s.bytes}) { CHECK(at % 16 == 0); }
+        CHECK(workspace_layout::desc_bytes(d) % 16 == 0);
+      }
+    }
+  }
+  verify_params a;
+  a.capacity   = 512;
+  a.max_drafts = 8;
+  a.vocab      = 151552;
+  a.rule       = verify_rule::greedy;
+  CHECK(verify_workspace_bytes(a) == 48u * 512 + 48);
+  a.rule = verify_rule::sampling;  // ≈ 5.5 KB per request at this vocabulary
+  CHECK(verify_workspace_bytes(a) > 5000u * 512);
+  CHECK(verify_workspace_bytes(a) < 6000u * 512);
+}
+
 TEST_CASE("a tree with a node linked twice is refused", "[verify][errors]")
 {
   test::verify_case c;

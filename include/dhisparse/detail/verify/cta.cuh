@@ -53,6 +53,8 @@ struct shared_state {
   std::int32_t found_chunk;
   std::int32_t found_token;
   std::uint32_t flags;
+  std::int32_t job[5];        ///< shared passes: a claimed group, its row, k, dense, request
+  std::uint32_t group_flags;  ///< shared passes: status bits of the group being run
 };
 
 // ---------------------------------------------------------------------------------------

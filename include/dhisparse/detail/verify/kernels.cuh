@@ -21,6 +21,8 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/request_block.cuh>
+#include <dhisparse/detail/verify/shared_pass.cuh>
+#include <dhisparse/detail/verify/tuning.hpp>
 #include <dhisparse/detail/verify/wide.cuh>
 #include <dhisparse/error.cuh>
 #include <dhisparse/status.hpp>
@@ -35,18 +37,29 @@
 
 namespace dhisparse::detail::verify {
 
+/// One request per CTA (or per cluster of `Ctas`). With `share.on()` (one CTA per request:
+/// shared_pass.cuh) a CTA that is done with its request, or has none, then helps run the
+/// shared passes of the others.
 template <int Vec, int Ctas>
 DHISPARSE_KERNEL void __launch_bounds__(block_threads, 4)
-  verify_kernel(verify_params a, layout l, pass_tuning tuning)
+  verify_kernel(verify_params a, layout l, pass_tuning tuning, pass_share share)
 {
   __shared__ shared_state sh;
+  if (share.on() && threadIdx.x == 0) { share_atomic(share.started()).fetch_add(1u, cuda::memory_order_relaxed); }
   int const batch = batch_of(a, blockIdx.x == 0 && threadIdx.x == 0);
   int const b = int(blockIdx.x) / Ctas;  // a cluster is Ctas consecutive CTAs
-  request_block<Vec, Ctas> r(a, l, sh, b, cluster_rank<Ctas>(), tuning);
+  request_block<Vec, Ctas> r(a, l, sh, b, cluster_rank<Ctas>(), tuning, share);
   if (b >= batch) {
     r.write_padding();
   } else {
     r.run();
+  }
+  if constexpr (Ctas == 1) {
+    if (share.on()) {
+      __syncthreads();
+      if (b < batch && threadIdx.x == 0) { share_atomic(share.finished()).fetch_add(1u, cuda::memory_order_relaxed); }
+      help_shared_passes<Vec>(a, l, sh, share, batch);
+    }
   }
 }
 
@@ -89,7 +102,9 @@ inline bool uses_wide_path(verify_params const& a)
 
 /// Launches the verification kernels with `Vec`-wide loads (see `vector_width`). With a
 /// workspace, greedy verification from p takes the wide path (`uses_wide_path`,
-/// `launch_wide`); otherwise `a.ctas_per_request` CTAs per request. The default (0) is a
+/// `launch_wide`); otherwise `a.ctas_per_request` CTAs per request. `tuning`: the
+/// one-CTA kernel's later passes (tuning.hpp; `verify_async` passes the library's
+/// defaults); shared passes need the workspace and one CTA per request. The default (0) is a
 /// cluster where `clusters_available` for greedy verification that reads full rows (an
 /// argmax per accepted position, one row after another: the cluster shortens the longest
 /// chains, 0.49 → 0.34 ms on the H200 at B = 512, d = 8), one CTA otherwise: sampling
@@ -97,7 +112,7 @@ inline bool uses_wide_path(verify_params const& a)
 /// per-request work than they gain (dense q 0.25 → 0.55 ms, candidate q 0.20 → 0.74 ms;
 /// docs/verify.md).
 template <int Vec>
-cudaError_t launch(verify_params const& a, cudaStream_t stream)
+cudaError_t launch(verify_params const& a, cudaStream_t stream, pass_tuning const& tuning)
 {
   if (a.capacity == 0) { return cudaSuccess; }
   if (uses_wide_path(a) && wide_ctas() > 0) { return launch_wide<Vec>(a, stream); }
@@ -109,7 +124,12 @@ cudaError_t launch(verify_params const& a, cudaStream_t stream)
     cluster                = greedy_rows && fits && clusters_available<Vec>();
   }
   if (!cluster) {
-    verify_kernel<Vec, 1><<<a.capacity, block_threads, 0, stream>>>(a, layout::of(a), pass_tuning{});
+    pass_share const share = pass_share::of(a, tuning);
+    if (share.on()) {
+      cudaError_t const cleared = cudaMemsetAsync(share.control, 0, share.control_bytes, stream);
+      if (cleared != cudaSuccess) { return cleared; }
+    }
+    verify_kernel<Vec, 1><<<a.capacity, block_threads, 0, stream>>>(a, layout::of(a), tuning, share);
     return check_launch(stream);
   }
   cudaLaunchAttribute attribute{};
@@ -123,7 +143,8 @@ cudaError_t launch(verify_params const& a, cudaStream_t stream)
   config.stream            = stream;
   config.attrs             = &attribute;
   config.numAttrs          = 1;
-  cudaError_t const status = cudaLaunchKernelEx(&config, verify_kernel<Vec, verify_cluster_ctas>, a, layout::of(a), pass_tuning{});
+  cudaError_t const status = cudaLaunchKernelEx(&config, verify_kernel<Vec, verify_cluster_ctas>, a, layout::of(a), tuning,
+                                                      pass_share{});
   if (status != cudaSuccess) { return status; }
   return check_launch(stream);
 }

@@ -12,6 +12,8 @@
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/fixed_point.hpp>
 #include <dhisparse/detail/verify/row_pass.cuh>
+#include <dhisparse/detail/verify/shared_pass.cuh>
+#include <dhisparse/detail/verify/tuning.hpp>
 #include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
 
@@ -61,8 +63,8 @@ template <int Vec, int Ctas>
 class request_block {
  public:
   __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b, int rank,
-                           pass_tuning tuning = {})
-    : a_{a}, l_{l}, sh_{sh}, b_{b}, rank_{rank}, tuning_{tuning}, chunk_len_{chunk_length(a.vocab)},
+                           pass_tuning const& tuning, pass_share const& share)
+    : a_{a}, l_{l}, sh_{sh}, b_{b}, rank_{rank}, tuning_{tuning}, share_{share}, chunk_len_{chunk_length(a.vocab)},
       nchunks_{int((a.vocab + chunk_len_ - 1) / chunk_len_)}
   {
   }
@@ -436,10 +438,16 @@ class request_block {
     bool const dense_q = a_.distribution == draft_distribution::dense && k > 0;
     bool const cands   = a_.distribution == draft_distribution::candidates && k > 0;
     patches_           = cands ? load_candidates(row, k) : removed;
-    int const ahead    = passes_++ >= tuning_.tail_pass ? tuning_.tail_ahead : prefetch_chunks_p;
-    pass_sums s = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_, ahead)
-                          : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_, ahead);
-    combine_pass<Ctas>(sh_, s, nchunks_, rank_);
+    int const pass     = passes_++;
+    int const ahead    = pass >= tuning_.tail_pass ? tuning_.tail_ahead : prefetch_chunks_p;
+    pass_sums s;
+    if (Ctas == 1 && share_.on() && pass >= share_.from) {
+      s = shared_row_pass<Vec>(a_, l_, sh_, share_, b_, row, dense_q ? k : 0, dense_q, std::uint32_t(pass + 1));
+    } else {
+      s = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_, ahead)
+                  : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_, ahead);
+      combine_pass<Ctas>(sh_, s, nchunks_, rank_);
+    }
     std::uint32_t f    = s.flags;
     if (threadIdx.x == 0) { f |= mass_flags(s, dense_q, a_.sum_tolerance); }
     raise(sh_, f);
@@ -692,6 +700,7 @@ class request_block {
   int b_;
   int rank_;  ///< of this CTA in the request's cluster (0 without one)
   pass_tuning tuning_;
+  pass_share const& share_;  ///< shared passes (one CTA per request only; off: `on()` false)
   int passes_ = 0;  ///< sampling passes so far
   std::int64_t chunk_len_;
   int nchunks_;

@@ -9,6 +9,7 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/fixed_point.hpp>
+#include <dhisparse/detail/verify/tuning.hpp>
 #include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
 
@@ -76,23 +77,6 @@ __device__ __forceinline__ void prefetch_l2(float const* ptr, std::int64_t bytes
 inline constexpr int prefetch_chunks_p = DHISPARSE_VERIFY_PREFETCH_CHUNKS;
 static_assert(prefetch_chunks_p >= 0, "DHISPARSE_VERIFY_PREFETCH_CHUNKS must be >= 0");
 
-/**
- * When a request's later row passes prefetch into L2 (`row_pass_impl`'s `ahead`): from its
- * `tail_pass`-th sampling pass on (0-based), each warp keeps `tail_ahead` chunks of p (half
- * as many of each row of p and q) on their way to L2. The idea: a request that needs a
- * second or third pass (a tree node whose first draft was rejected) runs it while most other
- * requests of the call have finished, its CTA alone on its SM and bound by the latency of
- * its own loads; the prefetch puts more bytes in flight without registers, while the first
- * passes, which run when every SM is busy and HBM is the limit, stay as they are
- * (prefetching there only crowds L2: docs/benchmarks.md, verify). Not measured yet: off by
- * default (`tail_pass` never reached); `bench_verify` with DHISPARSE_VERIFY_TAIL=1 sweeps
- * it against no prefetch.
- */
-struct pass_tuning {
-  int tail_pass  = 1 << 30;
-  int tail_ahead = 0;
-};
-
 /// Accumulators of one pass.
 struct pass_sums {
   std::uint64_t p = 0, q = 0, r = 0;  ///< fixed-point masses of p, q and R_k
@@ -134,8 +118,9 @@ struct row_loader<1> {
 static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::per_unit * 32 == chunk_unit);
 
 /**
- * @brief One pass over a row, or over the slice of CTA `rank` of `Ctas` (its chunks:
- *        `chunk_owner`, cluster.cuh): the mass of every chunk of R_k into `sh.chunk`, the
+ * @brief One pass over chunks [c_lo, c_hi) of a row, or over the slice of CTA `rank` of
+ *        `Ctas` (its chunks: `chunk_owner`, cluster.cuh): the mass of every chunk of R_k
+ *        into `chunk_out` (`sh.chunk`, or a shared pass's array in global memory), the
  *        totals of p, q and R_k, and the element status bits (per thread).
  *
  * `Mode` 0: R = P (no q read; candidate / one-hot corrections are applied to the chunk
@@ -149,7 +134,8 @@ static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::p
  */
 template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
-                                                std::int64_t vocab, int rank, int ahead_p)
+                                                std::int64_t vocab, int rank, int ahead_p, int c_lo, int c_hi,
+                                                std::uint64_t* chunk_out)
 {
   using loader           = row_loader<Vec>;
   constexpr bool with_q  = Mode != 0;
@@ -158,13 +144,12 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   int const lane         = threadIdx.x & 31;
   int const warp         = threadIdx.x >> 5;
   std::int64_t const len = chunk_length(vocab);
-  int const nchunks      = int((vocab + len - 1) / len);
-  int const first         = rank * block_warps + warp;  // this warp's chunks: first + i·stride
+  int const first         = c_lo + rank * block_warps + warp;  // this warp's chunks: first + i·stride
   int const stride        = Ctas * block_warps;
   int const ahead         = with_q ? (ahead_p + 1) / 2 : ahead_p;
   auto prefetch_chunk     = [&](int c) {
     if constexpr (Vec == 4) {
-      if (ahead > 0 && lane == 0 && c < nchunks) {
+      if (ahead > 0 && lane == 0 && c < c_hi) {
         std::int64_t const start = c * len;
         std::int64_t const bytes = 4 * min(len, vocab - start);
         prefetch_l2(prow + start, bytes);
@@ -174,7 +159,7 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   };
   for (int i = 1; i <= ahead; ++i) { prefetch_chunk(first + i * stride); }
   pass_sums s;
-  for (int c = first; c < nchunks; c += stride) {
+  for (int c = first; c < c_hi; c += stride) {
     std::uint64_t csum = 0;
     for (std::int64_t unit = c * len; unit < (c + 1) * len; unit += chunk_unit) {
 #pragma unroll
@@ -241,7 +226,7 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
     }
     prefetch_chunk(c + (ahead + 1) * stride);  // chunk c's loads are done: keep `ahead` ahead
     csum = warp_sum(csum);
-    if (lane == 0) { sh.chunk[c] = csum; }
+    if (lane == 0) { chunk_out[c] = csum; }
     s.r += csum;
   }
   // After warp_sum every lane holds its warp's R mass; keep lane 0's share only.
@@ -255,16 +240,21 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
 
 /// A pass over p alone (`DenseQ` false) or over p and q with k rejections; CTA `rank` of
 /// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`). `ahead`:
-/// chunks of p each warp keeps prefetched into L2 (see `pass_tuning`).
+/// chunks of p each warp keeps prefetched into L2 (see `pass_tuning`). By default the whole
+/// row into `sh.chunk`; a group of a shared pass gives its chunks [c_lo, c_hi) and where
+/// their masses go.
 template <int Vec, bool DenseQ, int Ctas>
 __device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* qrow, int k,
-                              std::int64_t vocab, int rank, int ahead = prefetch_chunks_p)
+                              std::int64_t vocab, int rank, int ahead = prefetch_chunks_p, int c_lo = 0,
+                              int c_hi = -1, std::uint64_t* chunk_out = nullptr)
 {
+  if (c_hi < 0) { c_hi = int((vocab + chunk_length(vocab) - 1) / chunk_length(vocab)); }
+  if (chunk_out == nullptr) { chunk_out = sh.chunk; }
   if constexpr (!DenseQ) {
-    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank, ahead);
+    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out);
   } else {
-    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank, ahead)
-                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank, ahead);
+    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out)
+                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out);
   }
 }
 

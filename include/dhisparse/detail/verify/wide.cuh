@@ -248,7 +248,8 @@ DHISPARSE_KERNEL void __launch_bounds__(block_threads) wide_prologue_kernel(veri
   if (b == 0) {
     for (int depth = int(threadIdx.x) + 1; depth <= a.max_drafts; depth += block_threads) { w.counts[depth] = 0; }
   }
-  request_block<Vec, 1> r(a, l, sh, b, 0);
+  pass_share const none{};
+  request_block<Vec, 1> r(a, l, sh, b, 0, pass_tuning{}, none);
   bool valid = false;
   if (b >= batch) {
     r.write_padding();

@@ -1,0 +1,38 @@
+/**
+ * @file detail/verify/tuning.hpp
+ * @brief `pass_tuning`: how the one-CTA-per-request kernel runs a request's later sampling
+ *        passes (plain C++, so that `verify_async` can name the library's choice).
+ */
+#pragma once
+
+namespace dhisparse::detail::verify {
+
+/**
+ * A request's later sampling passes (a tree node whose first draft was rejected, the bonus
+ * sample after it) run while most other requests of the call have finished: its CTA is
+ * alone on its SM and bound by the latency of its own loads. Two levers, both off by
+ * default until measured on the H200 (`bench_verify` with DHISPARSE_VERIFY_TAIL=1 sweeps
+ * them against neither; docs/benchmarks.md "verify"):
+ *
+ * - L2 prefetch (`row_pass_impl`'s `ahead`): from the request's `tail_pass`-th sampling
+ *   pass on (0-based), each warp keeps `tail_ahead` chunks of p (half as many of each row
+ *   of p and q) on their way to L2 — more bytes in flight without registers, while the
+ *   first passes, which run when every SM is busy and HBM is the limit, stay as they are
+ *   (prefetching there only crowds L2).
+ * - Shared passes (shared_pass.cuh): from the request's `share_from`-th sampling pass on,
+ *   the pass is cut into `share_groups` groups of chunks that the CTAs which have finished
+ *   their own requests claim and read beside the request's CTA. Needs the call's workspace
+ *   (`verify_params::workspace`, sized for a sampling rule); without one, passes are not
+ *   shared.
+ */
+struct pass_tuning {
+  int tail_pass    = 1 << 30;
+  int tail_ahead   = 0;
+  int share_from   = 1 << 30;
+  int share_groups = 16;
+
+  /// Whether some pass of a request may be shared.
+  constexpr bool shares() const { return share_from < (1 << 30) && share_groups > 0; }
+};
+
+}  // namespace dhisparse::detail::verify
