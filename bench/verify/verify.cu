@@ -309,7 +309,7 @@ int main(int argc, char** argv)
     cluster_device = major >= 9;
   }
   bool const sweep      = std::getenv("DHISPARSE_VERIFY_SWEEP") != nullptr;
-  bool const tail_sweep = std::getenv("DHISPARSE_VERIFY_TAIL") != nullptr;  // only the pass-prefetch variants
+  bool const tail_sweep = std::getenv("DHISPARSE_VERIFY_TAIL") != nullptr;  // only the later-pass variants
   char const* only      = std::getenv("DHISPARSE_VERIFY_ONLY");               // configurations whose name holds it
   struct variant {
     std::string label;
@@ -321,10 +321,8 @@ int main(int argc, char** argv)
     int ctas_per_sm = 0;     ///< wide: CTAs per SM of a depth launch (0: the library's)
     int unroll      = 0;     ///< wide: 16-byte loads in flight per thread, 4 or 8 (0: the library's)
     int cluster     = 0;     ///< sweep: a cluster of 2 or 4 CTAs per request, launched here
-    int tail_pass   = -1;    ///< ≥ 0: one CTA per request launched here with this `pass_tuning`
-    int tail_ahead  = 0;
-    int share_from  = 1 << 30;  ///< with tail_pass ≥ 0: passes shared from this one (a workspace)
-    int share_groups = 16;
+    bool tuned      = false; ///< one CTA per request launched here with `tuning` (and the workspace)
+    detail::verify::pass_tuning tuning{};
   };
   std::size_t const ws_bytes = [&] {  // the sampling layout holds the greedy one
     verify_params shape;
@@ -357,7 +355,7 @@ int main(int argc, char** argv)
         variants.push_back(w);
       }
     }
-    if ((sweep || tail_sweep) && !greedy) {  // the later passes' L2 prefetch (pass_tuning), against none
+    if ((sweep || tail_sweep) && !greedy) {  // the later passes (pass_tuning): L2 prefetch, sharing, neither
       detail::verify::pass_tuning const lib{};
       for (auto const& [pass, ahead] : std::vector<std::pair<int, int>>{
              {1 << 30, 0}, {1, 4}, {1, 8}, {2, 4}, {2, 8}, {2, 16}, {3, 8}, {3, 16}}) {
@@ -365,16 +363,17 @@ int main(int argc, char** argv)
         variant w{pass > 64 ? std::string("1 CTA, no pass prefetch")
                             : "1 CTA, prefetch " + std::to_string(ahead) + " from pass " + std::to_string(pass),
                   1};
-        w.tail_pass  = pass;
-        w.tail_ahead = ahead;
+        w.tuned             = true;
+        w.tuning.tail_pass  = pass;
+        w.tuning.tail_ahead = ahead;
         variants.push_back(w);
       }
       // Shared passes (shared_pass.cuh): from pass 1 (the second) or 0, 8 to 32 groups.
       for (auto const& [from, groups] : std::vector<std::pair<int, int>>{{1, 8}, {1, 16}, {1, 32}, {0, 16}, {2, 16}}) {
         variant w{"1 CTA, shared from pass " + std::to_string(from) + ", " + std::to_string(groups) + " groups", 1};
-        w.tail_pass    = 1 << 30;
-        w.share_from   = from;
-        w.share_groups = groups;
+        w.tuned               = true;
+        w.tuning.share_from   = from;
+        w.tuning.share_groups = groups;
         variants.push_back(w);
       }
     }
@@ -471,18 +470,17 @@ int main(int argc, char** argv)
           config.attrs    = &attribute;
           config.numAttrs = 1;
           auto const l    = detail::verify::layout::of(r);
-          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l, detail::verify::pass_tuning{}, detail::verify::pass_share{})
-                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l, detail::verify::pass_tuning{}, detail::verify::pass_share{}));
-        } else if (v.tail_pass >= 0) {
+          detail::verify::pass_tuning const t{};
+          detail::verify::pass_share const none{};
+          DHISPARSE_CUDA_TRY(v.cluster == 2 ? cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 2>, r, l, t, none)
+                                            : cudaLaunchKernelEx(&config, detail::verify::verify_kernel<4, 4>, r, l, t, none));
+        } else if (v.tuned) {
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));
-          detail::verify::pass_tuning const t{v.tail_pass, v.tail_ahead, v.share_from, v.share_groups};
-          verify_params s = r;
-          if (t.shares()) {
-            s.workspace       = workspace;
-            s.workspace_bytes = ws_bytes;
-          }
-          DHISPARSE_CUDA_TRY(detail::verify::vector_width(s) == 4 ? detail::verify::launch<4>(s, stream, t)
-                                                                  : detail::verify::launch<1>(s, stream, t));
+          verify_params s   = r;
+          s.workspace       = workspace;  // used only when the tuning shares passes
+          s.workspace_bytes = ws_bytes;
+          DHISPARSE_CUDA_TRY(detail::verify::vector_width(s) == 4 ? detail::verify::launch<4>(s, stream, v.tuning)
+                                                                  : detail::verify::launch<1>(s, stream, v.tuning));
         } else if (v.max_chunk > 0) {
           DHISPARSE_EXPECTS(detail::verify::vector_width(r) == 4, "bench: the sweep needs 16-byte loads");
           DHISPARSE_CUDA_TRY(cudaMemsetAsync(r.status, 0, sizeof(std::uint32_t), stream));

@@ -185,7 +185,7 @@ struct workspace_layout {
       w.control_bytes                         = 0;
       return w;
     }
-    std::size_t const nchunks = std::size_t((vocab + chunk_length(vocab) - 1) / chunk_length(vocab));
+    std::size_t const nchunks = std::size_t(chunk_count(vocab));
     w.control_bytes           = align16(4 * (4 + 2 * cap + (cap + 31) / 32));
     w.descs                   = w.control + w.control_bytes;
     w.chunks                  = w.descs + cap * desc_bytes(max_drafts);

@@ -21,12 +21,14 @@ using namespace dhisparse::detail::verify;
 
 namespace {
 
-/// The control words of `requests` requests, and a `pass_share` over them.
+/// The control words of `requests` requests (as many as the workspace layout gives them),
+/// and a `pass_share` over them.
 struct control_block {
   std::vector<std::uint32_t> words;
   pass_share s;
 
-  control_block(int requests, int groups) : words(4 + 2 * requests + (requests + 31) / 32, 0u)
+  control_block(int requests, int groups)
+    : words(workspace_layout::of(requests, 0, 1, true).control_bytes / 4, 0u)
   {
     s.control  = words.data();
     s.capacity = requests;
@@ -164,7 +166,7 @@ TEST_CASE("shared passes: groups cut the chunks into contiguous, non-empty range
       INFO("V " << V << " groups " << asked);
       REQUIRE(s.on());
       std::int64_t const len = chunk_length(V);
-      CHECK(s.nchunks == int((V + len - 1) / len));
+      CHECK(s.nchunks == int((V + len - 1) / len));  // the definition, not chunk_count
       CHECK(s.groups == std::min({asked, max_share_groups, s.nchunks}));
       CHECK(s.chunk_begin(0) == 0);
       CHECK(s.chunk_begin(s.groups) == s.nchunks);

@@ -109,4 +109,10 @@ DHISPARSE_HOST_DEVICE DHISPARSE_FORCEINLINE std::int64_t chunk_length(std::int64
   return chunk_unit * (m > 0 ? m : 1);
 }
 
+/// Chunks of a vocabulary of `vocab` tokens (≤ `max_chunks`).
+DHISPARSE_HOST_DEVICE DHISPARSE_FORCEINLINE int chunk_count(std::int64_t vocab)
+{
+  return int((vocab + chunk_length(vocab) - 1) / chunk_length(vocab));
+}
+
 }  // namespace dhisparse::detail::verify

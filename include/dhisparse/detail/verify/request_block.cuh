@@ -65,7 +65,7 @@ class request_block {
   __device__ request_block(verify_params const& a, layout const& l, shared_state& sh, int b, int rank,
                            pass_tuning const& tuning, pass_share const& share)
     : a_{a}, l_{l}, sh_{sh}, b_{b}, rank_{rank}, tuning_{tuning}, share_{share}, chunk_len_{chunk_length(a.vocab)},
-      nchunks_{int((a.vocab + chunk_len_ - 1) / chunk_len_)}
+      nchunks_{chunk_count(a.vocab)}
   {
   }
 
@@ -441,7 +441,7 @@ class request_block {
     int const pass     = passes_++;
     int const ahead    = pass >= tuning_.tail_pass ? tuning_.tail_ahead : prefetch_chunks_p;
     pass_sums s;
-    if (Ctas == 1 && share_.on() && pass >= share_.from) {
+    if (Ctas == 1 && share_.on() && pass >= tuning_.share_from) {
       s = shared_row_pass<Vec>(a_, l_, sh_, share_, b_, row, dense_q ? k : 0, dense_q, std::uint32_t(pass + 1));
     } else {
       s = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_, ahead)

@@ -248,7 +248,7 @@ __device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* 
                               std::int64_t vocab, int rank, int ahead = prefetch_chunks_p, int c_lo = 0,
                               int c_hi = -1, std::uint64_t* chunk_out = nullptr)
 {
-  if (c_hi < 0) { c_hi = int((vocab + chunk_length(vocab) - 1) / chunk_length(vocab)); }
+  if (c_hi < 0) { c_hi = chunk_count(vocab); }
   if (chunk_out == nullptr) { chunk_out = sh.chunk; }
   if constexpr (!DenseQ) {
     return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out);

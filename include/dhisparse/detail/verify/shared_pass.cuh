@@ -64,7 +64,7 @@ struct pass_share {
   share_partial* partials  = nullptr;  ///< [capacity][max_share_groups]
   std::size_t desc_bytes   = 0;
   std::size_t control_bytes = 0;
-  int capacity = 0, nchunks = 0, groups = 0, from = 1 << 30;
+  int capacity = 0, nchunks = 0, groups = 0;
 
   static pass_share of(verify_params const& a, pass_tuning const& t)
   {
@@ -79,11 +79,9 @@ struct pass_share {
     s.desc_bytes             = workspace_layout::desc_bytes(a.max_drafts);
     s.control_bytes          = w.control_bytes;
     s.capacity               = a.capacity;
-    std::int64_t const len   = chunk_length(a.vocab);
-    s.nchunks                = int((a.vocab + len - 1) / len);
+    s.nchunks                = chunk_count(a.vocab);
     int g                    = t.share_groups < max_share_groups ? t.share_groups : max_share_groups;
     s.groups                 = g < s.nchunks ? g : s.nchunks;
-    s.from                   = t.share_from;
     return s;
   }
 
