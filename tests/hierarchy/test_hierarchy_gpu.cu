@@ -113,8 +113,9 @@ TEST_CASE("GPU batch entries that repeat a request take no part in the step", "[
   auto rng                 = test::seeded_engine("hierarchy gpu repeated entries");
   std::uint64_t const salt = rng();
   stream_guard stream;
-  auto config      = twin_config(4, host_memory::pinned);
-  config.max_batch = 32;
+  auto config         = twin_config(4, host_memory::pinned);
+  config.max_requests = 32;  // max_batch ≤ max_requests; three of them are admitted
+  config.max_batch    = 32;
   twin<row_format::mla_fp8_656> t(config, salt, stream.s);
   std::vector<std::uint64_t> const ids = {1, 2, 3};
   for (std::uint64_t id : ids) { t.admit(id, std::int32_t(40 + 30 * id), 4000); }
