@@ -63,8 +63,10 @@ inline int vector_width(verify_params const& a);
  * takes the wide greedy path instead: a prologue, then one launch per depth of the
  * accepted paths (`a.max_drafts` + 1 launches) whose rows are argmaxed by the whole GPU at
  * once — the same outputs, in less time where a few requests accept long paths
- * (docs/verify.md). Requests at or past `*a.batch_size` get empty outputs without reading
- * their inputs.
+ * (docs/verify.md). Sampling over trees with dense q and a workspace: a request's later
+ * passes are cut into groups of chunks that CTAs done with their own requests read beside
+ * it (the same outputs; `detail::verify::library_tuning`). Requests at or past
+ * `*a.batch_size` get empty outputs without reading their inputs.
  *
  * @param a device pointers and shapes (see `verify_params`)
  * @param stream the stream to run on
@@ -77,7 +79,7 @@ inline cudaError_t verify_async(verify_params const& a, cudaStream_t stream)
   if (!verify_params_problem(a).empty()) { return cudaErrorInvalidValue; }
   cudaError_t const cleared = cudaMemsetAsync(a.status, 0, sizeof(std::uint32_t), stream);
   if (cleared != cudaSuccess) { return cleared; }
-  detail::verify::pass_tuning const tuning{};  // the library's choice (tuning.hpp)
+  detail::verify::pass_tuning const tuning = detail::verify::library_tuning(a);
   return detail::verify::vector_width(a) == 4 ? detail::verify::launch<4>(a, stream, tuning)
                                               : detail::verify::launch<1>(a, stream, tuning);
 }

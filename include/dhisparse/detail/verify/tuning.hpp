@@ -5,6 +5,8 @@
  */
 #pragma once
 
+#include <dhisparse/verify_params.hpp>
+
 namespace dhisparse::detail::verify {
 
 /**
@@ -12,7 +14,8 @@ namespace dhisparse::detail::verify {
  * sample after it) run while most other requests of the call have finished: its CTA is
  * alone on its SM and bound by the latency of its own loads. Two levers, both off by
  * default until measured on the H200 (`bench_verify` with DHISPARSE_VERIFY_TAIL=1 sweeps
- * them against neither; docs/benchmarks.md "verify"):
+ * them against neither; docs/benchmarks.md "verify"; `library_tuning` below is what
+ * `verify_async` runs):
  *
  * - L2 prefetch (`row_pass_impl`'s `ahead`): from the request's `tail_pass`-th sampling
  *   pass on (0-based), each warp keeps `tail_ahead` chunks of p (half as many of each row
@@ -34,5 +37,25 @@ struct pass_tuning {
   /// Whether some pass of a request may be shared.
   constexpr bool shares() const { return share_from < (1 << 30) && share_groups > 0; }
 };
+
+/**
+ * The library's choice for a call (`verify_async`). Measured with `bench_verify`'s later-pass
+ * sweep (docs/benchmarks.md "verify"): sharing pays only where requests make many later
+ * passes that read two full rows each — trees with dense q, where a rejected first child
+ * is followed by a residual pass over p and q and by its siblings; there, from the second
+ * pass on in 8 groups. Every other rule runs faster unshared (the publish / combine and
+ * the control-block memset cost more than the few later passes gain), and no rule gained
+ * from the L2 prefetch. Without a workspace nothing is shared.
+ */
+constexpr pass_tuning library_tuning(verify_params const& a)
+{
+  pass_tuning t{};
+  if (a.rule == verify_rule::sampling && a.topology == draft_topology::tree &&
+      a.distribution == draft_distribution::dense && a.workspace != nullptr) {
+    t.share_from   = 1;
+    t.share_groups = 8;
+  }
+  return t;
+}
 
 }  // namespace dhisparse::detail::verify
