@@ -43,7 +43,8 @@ bool device_has_clusters()
 }
 
 /// Stands for the wide greedy path in the lists of kernel shapes: `ctas_per_request` 0 and
-/// a workspace (calls that are not greedy from p ignore it and take the default shape).
+/// a workspace (other greedy calls ignore it; sampling calls run one CTA per request and,
+/// over trees with dense q, share their later passes through it: `library_tuning`).
 constexpr int wide = -1;
 /// Stands for one CTA per request with shared row passes (detail/verify/shared_pass.cuh):
 /// a workspace and `shared_tuning`, every sampling pass shared; greedy calls run one CTA.
