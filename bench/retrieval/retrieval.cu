@@ -13,6 +13,10 @@
 //   sorted_warp_per_row  the same with one warp per row
 //   ordered_on_device    the random plan ordered by order_plan_async, then gathered
 //                        (the time includes the ordering)
+//   sorted_dma_batch     not the library: the sorted plan's rows copied by the copy engines,
+//                        one cudaMemcpyBatchAsync of one copy per row from host arrays of
+//                        pointers (the time includes the call's enqueueing) — the question
+//                        is whether DMA reaches what an SM gather of host memory does not
 // Plans rotate between repetitions and L2 is flushed before each timed call. Reported:
 // median time, GB/s of rows moved, the ratio to pinned memcpy (1 GiB contiguous copy).
 //
@@ -39,6 +43,7 @@ struct variant {
   bool sorted;         ///< plan sorted by address on the host
   int lanes;           ///< retrieve_params::lanes_per_row
   bool device_order;   ///< order_plan_async before the gather (timed)
+  bool dma = false;    ///< cudaMemcpyBatchAsync of the plan's rows instead of retrieve_async
 };
 
 }  // namespace
@@ -60,7 +65,8 @@ int main(int argc, char** argv)
                                          {"random_warp_per_row", false, 32, false},
                                          {"sorted", true, 0, false},
                                          {"sorted_warp_per_row", true, 32, false},
-                                         {"ordered_on_device", false, 0, true}};
+                                         {"ordered_on_device", false, 0, true},
+                                         {"sorted_dma_batch", true, 0, false, true}};
   int const rotations = 3;
 
   double const memcpy_gbps = bench::measure_h2d_memcpy_gbps(std::size_t{1} << 30, stream);
@@ -120,6 +126,14 @@ int main(int argc, char** argv)
         }
         std::vector<std::int32_t> const host_counts(rotations, rows);
         DHISPARSE_CUDA_TRY(cudaMemcpy(counts, host_counts.data(), sizeof(std::int32_t) * rotations, cudaMemcpyHostToDevice));
+        // The DMA variant's host arrays: one copy per row of each rotation's sorted plan.
+        std::vector<void*> dma_dst(sorted_plans.size());
+        std::vector<void const*> dma_src(sorted_plans.size());
+        std::vector<std::size_t> const dma_sizes(static_cast<std::size_t>(rows), static_cast<std::size_t>(row_bytes));
+        for (std::size_t i = 0; i < sorted_plans.size(); ++i) {
+          dma_dst[i] = slab + std::size_t(sorted_plans[i].slot) * std::size_t(row_bytes);
+          dma_src[i] = mem.host() + (sorted_plans[i].src - mem.device());
+        }
         for (variant const& v : variants) {
           auto const& plans = v.sorted ? sorted_plans : random_plans;
           DHISPARSE_CUDA_TRY(cudaMemcpy(pristine, plans.data(), sizeof(miss_entry) * plans.size(), cudaMemcpyHostToDevice));
@@ -133,6 +147,7 @@ int main(int argc, char** argv)
             p.lanes_per_row   = v.lanes;
             return p;
           };
+          cudaError_t dma_status = cudaSuccess;  // a refused batch skips the variant, not the run
           auto const ms = rb::time_prepared_ms(
             stream, opt.warmup, opt.reps,
             [&](int rep) {
@@ -143,13 +158,24 @@ int main(int argc, char** argv)
             },
             [&](int rep) {
               retrieve_params const p = params(rep % rotations);
-              if (v.device_order) {
+              if (v.dma) {
+                std::size_t const at = std::size_t(rep % rotations) * std::size_t(rows);
+                cudaMemcpyAttributes attrs{};
+                attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+                std::size_t attrs_at = 0;
+                dma_status = cudaMemcpyBatchAsync(dma_dst.data() + at, dma_src.data() + at, dma_sizes.data(),
+                                                  std::size_t(rows), &attrs, &attrs_at, 1, stream);
+              } else if (v.device_order) {
                 plan_order_params const o{p.plan, mem.device(), pool_bytes, 0};
                 DHISPARSE_CUDA_TRY(retrieve_async(p, o, ws, ws_bytes, 0, stream));
               } else {
                 DHISPARSE_CUDA_TRY(retrieve_async(p, 0, stream));
               }
             });
+          if (dma_status != cudaSuccess) {
+            std::printf("%8d %8d %-20s refused: %s\n", row_bytes, rows, v.name, cudaGetErrorString(dma_status));
+            continue;
+          }
           double const us   = rb::median_us(ms);
           double const gbps = double(rows) * row_bytes / (us * 1e3);
           std::printf("%8d %8d %-20s %10.1f %9.1f %8.2f\n", row_bytes, rows, v.name, us, gbps, gbps / memcpy_gbps);
