@@ -26,7 +26,8 @@
 #                      the seeds that failed before F19's fix): how many runs fail
 #         verify-tail  bench_verify's sweep of the later passes' L2 prefetch and shared passes (sampling rules)
 #       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
-#       one 600 s call returns with its summary; pass one or two parts per call.
+#       one 600 s call returns with its summary; pass one or two parts per call. The logs
+#       come back as tests-logs.tar.gz, sanitize-logs.tar.gz and repeat-logs.tar.gz.
 #
 # Example (three calls fit 30 device minutes with room to spare):
 #   scripts/gpu_session.sh pack build devbin                     # here, after a full build
@@ -105,7 +106,7 @@ run_parts() {
         done | tee "$out/tests_summary.txt"
         ;;
       memcheck)
-        SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck"} SANITIZE_SPLIT=${SANITIZE_SPLIT:-test_hierarchy_gpu} \
+        SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck"} SANITIZE_SPLIT=${SANITIZE_SPLIT:-'test_hierarchy_gpu|test_verify_gpu|test_residency_gpu'} \
         SANITIZE_JOBS=${SANITIZE_JOBS:-8} \
         SANITIZE_DEADLINE_S=$((deadline - (SECONDS - start))) SANITIZE_LOGS="$out/sanitize" \
           bash "$bundle/sanitize_gpu.sh" --binaries "$bin" 2>&1 | tee "$out/sanitize_summary.txt" || true
@@ -166,6 +167,13 @@ run_parts() {
         ;;
       *) echo "unknown part: $part" >&2; exit 2 ;;
     esac
+  done
+  # The device tool brings back a limited number of files: the per-test and per-run logs
+  # travel as one archive beside the summaries.
+  local dir
+  for dir in tests sanitize repeat; do
+    [ -d "$out/$dir" ] || continue
+    tar -C "$out" -czf "$out/$dir-logs.tar.gz" "$dir" && rm -rf "${out:?}/$dir"
   done
 }
 
