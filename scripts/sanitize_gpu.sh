@@ -17,6 +17,9 @@
 #   SANITIZE_TESTS=regex                    only the GPU tests whose name matches
 #   SANITIZE_JOBS=N                         runs at a time on the one GPU (default: 1);
 #                                           compute-sanitizer is bound by the host CPU
+#   SANITIZE_ALL_CASES=1                    every test case, also in test files that tag a
+#                                           subset [small] for the sanitizers (the default
+#                                           runs only that subset there)
 #   SANITIZE_SPLIT=regex                    tests whose name matches run one Catch2 test case
 #                                           per run (shorter runs that spread over the jobs)
 #   SANITIZE_EXPECTED_OOM=regex             tests that provoke allocation failures on purpose
@@ -127,13 +130,19 @@ for line in "${tests[@]}"; do
   IFS=$'\t' read -r -a field <<<"$line"
   name=${field[0]} dir=${field[1]} cmd=("${field[@]:2}")
   [[ -z "$filter" || "$name" =~ $filter ]] || continue
+  # A test file that tags cases [small] names its sanitizer subset (see its header).
+  subset=()
+  if [ "${SANITIZE_ALL_CASES:-0}" != 1 ] &&
+     (cd "$dir" && "${cmd[@]}" --list-test-names-only '[small]' 2>/dev/null) | grep -q .; then
+    subset=('[small]')
+  fi
   cases=()
   if [[ -n "$split" && "$name" =~ $split ]]; then
-    mapfile -t cases < <(cd "$dir" && "${cmd[@]}" --list-test-names-only 2>/dev/null | sed '/^$/d')
+    mapfile -t cases < <(cd "$dir" && "${cmd[@]}" --list-test-names-only "${subset[@]}" 2>/dev/null | sed '/^$/d')
   fi
   for tool in $tools; do
     if [ ${#cases[@]} -eq 0 ]; then
-      runs+=("$tool"$'\t'"$name"$'\t'"$line")
+      runs+=("$tool"$'\t'"$name"$'\t'"$line${subset:+$'\t'${subset[0]}}")
     else
       for k in "${!cases[@]}"; do
         spec=$(sed 's/[][\\,"*~]/\\&/g' <<<"${cases[$k]}")
