@@ -366,9 +366,9 @@ int main(int argc, char** argv)
         w.tuning.tail_ahead = ahead;
         variants.push_back(w);
       }
-      // Shared passes (shared_pass.cuh): from pass 0, 1 (the second) or 2, 4 to 32 groups.
+      // Shared passes (shared_pass.cuh): from pass 0, 1 (the second) or 2, 2 to 16 groups.
       for (auto const& [from, groups] :
-           std::vector<std::pair<int, int>>{{1, 4}, {1, 8}, {1, 16}, {1, 32}, {0, 16}, {2, 8}, {2, 16}}) {
+           std::vector<std::pair<int, int>>{{1, 2}, {1, 3}, {1, 4}, {1, 6}, {1, 8}, {1, 16}, {0, 4}, {2, 4}}) {
         variant w{"1 CTA, shared from pass " + std::to_string(from) + ", " + std::to_string(groups) + " groups", 1};
         w.tuned               = true;
         w.tuning.share_from   = from;

@@ -40,12 +40,13 @@ struct pass_tuning {
 
 /**
  * The library's choice for a call (`verify_async`). Measured with `bench_verify`'s later-pass
- * sweep (docs/benchmarks.md "verify"): sharing pays only where requests make many later
- * passes that read two full rows each — trees with dense q, where a rejected first child
- * is followed by a residual pass over p and q and by its siblings; there, from the second
- * pass on in 8 groups. Every other rule runs faster unshared (the publish / combine and
- * the control-block memset cost more than the few later passes gain), and no rule gained
- * from the L2 prefetch. Without a workspace nothing is shared.
+ * sweep on the H200 (docs/benchmarks.md "verify", 2026-12-05): sharing pays only where
+ * requests make later passes that read two full rows each — trees with dense q, where a
+ * rejected first child is followed by a residual pass over p and q; there, from the second
+ * pass on in 4 groups (42% → 49% of copy bandwidth; 8 groups 47%, 16 groups 42%, from the
+ * first pass 35%). Every other sampling rule runs 3–18% slower shared (the publish, the
+ * combine and the control-block memset cost more than its few later passes gain), and no
+ * rule gained from the L2 prefetch. Without a workspace nothing is shared.
  */
 constexpr pass_tuning library_tuning(verify_params const& a)
 {
@@ -53,7 +54,7 @@ constexpr pass_tuning library_tuning(verify_params const& a)
   if (a.rule == verify_rule::sampling && a.topology == draft_topology::tree &&
       a.distribution == draft_distribution::dense && a.workspace != nullptr) {
     t.share_from   = 1;
-    t.share_groups = 8;
+    t.share_groups = 4;
   }
   return t;
 }
