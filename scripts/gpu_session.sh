@@ -24,7 +24,7 @@
 #         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
 #                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
 #                      the seeds that failed before F19's fix): how many runs fail
-#         verify-tail  bench_verify's sweep of the later passes' L2 prefetch and shared passes (sampling rules)
+#         verify-tail  bench_verify's sweep of the later passes' sharing (sampling rules)
 #       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
 #       one 600 s call returns with its summary; pass one or two parts per call. The logs
 #       come back as tests-logs.tar.gz, sanitize-logs.tar.gz and repeat-logs.tar.gz.

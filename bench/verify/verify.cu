@@ -355,15 +355,10 @@ int main(int argc, char** argv)
         variants.push_back(w);
       }
     }
-    if ((sweep || tail_sweep) && !greedy) {  // the later passes (pass_tuning): L2 prefetch, sharing, neither
-      for (auto const& [pass, ahead] : std::vector<std::pair<int, int>>{
-             {1 << 30, 0}, {1, 4}, {1, 8}, {2, 4}, {2, 8}, {2, 16}, {3, 8}, {3, 16}}) {
-        variant w{pass > 64 ? std::string("1 CTA, neither")
-                            : "1 CTA, prefetch " + std::to_string(ahead) + " from pass " + std::to_string(pass),
-                  1};
-        w.tuned             = true;
-        w.tuning.tail_pass  = pass;
-        w.tuning.tail_ahead = ahead;
+    if ((sweep || tail_sweep) && !greedy) {  // the later passes (pass_tuning): neither, then shared
+      {
+        variant w{"1 CTA, neither", 1};
+        w.tuned = true;
         variants.push_back(w);
       }
       // Shared passes (shared_pass.cuh): from pass 0, 1 (the second) or 2, 2 to 16 groups.

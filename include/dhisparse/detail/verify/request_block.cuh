@@ -439,13 +439,12 @@ class request_block {
     bool const cands   = a_.distribution == draft_distribution::candidates && k > 0;
     patches_           = cands ? load_candidates(row, k) : removed;
     int const pass     = passes_++;
-    int const ahead    = pass >= tuning_.tail_pass ? tuning_.tail_ahead : prefetch_chunks_p;
     pass_sums s;
     if (Ctas == 1 && share_.on() && pass >= tuning_.share_from) {
       s = shared_row_pass<Vec>(a_, l_, sh_, share_, b_, row, dense_q ? k : 0, dense_q, std::uint32_t(pass + 1));
     } else {
-      s = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_, ahead)
-                  : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_, ahead);
+      s = dense_q ? row_pass<Vec, true, Ctas>(sh_, p_row(row), q_row(row), k, a_.vocab, rank_)
+                  : row_pass<Vec, false, Ctas>(sh_, p_row(row), nullptr, 0, a_.vocab, rank_);
       combine_pass<Ctas>(sh_, s, nchunks_, rank_);
     }
     std::uint32_t f    = s.flags;

@@ -9,7 +9,6 @@
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/verify/cta.cuh>
 #include <dhisparse/detail/verify/fixed_point.hpp>
-#include <dhisparse/detail/verify/tuning.hpp>
 #include <dhisparse/status.hpp>
 #include <dhisparse/verify_params.hpp>
 
@@ -134,7 +133,7 @@ static_assert(row_loader<4>::per_unit * 4 * 32 == chunk_unit && row_loader<1>::p
  */
 template <int Vec, int Mode, int Ctas>
 __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* prow, float const* qrow, int k,
-                                                std::int64_t vocab, int rank, int ahead_p, int c_lo, int c_hi,
+                                                std::int64_t vocab, int rank, int c_lo, int c_hi,
                                                 std::uint64_t* chunk_out)
 {
   using loader           = row_loader<Vec>;
@@ -146,7 +145,7 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
   std::int64_t const len = chunk_length(vocab);
   int const first         = c_lo + rank * block_warps + warp;  // this warp's chunks: first + i·stride
   int const stride        = Ctas * block_warps;
-  int const ahead         = with_q ? (ahead_p + 1) / 2 : ahead_p;
+  constexpr int ahead     = with_q ? (prefetch_chunks_p + 1) / 2 : prefetch_chunks_p;
   auto prefetch_chunk     = [&](int c) {
     if constexpr (Vec == 4) {
       if (ahead > 0 && lane == 0 && c < c_hi) {
@@ -239,22 +238,21 @@ __device__ __noinline__ pass_sums row_pass_impl(shared_state& sh, float const* p
 }
 
 /// A pass over p alone (`DenseQ` false) or over p and q with k rejections; CTA `rank` of
-/// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`). `ahead`:
-/// chunks of p each warp keeps prefetched into L2 (see `pass_tuning`). By default the whole
-/// row into `sh.chunk`; a group of a shared pass gives its chunks [c_lo, c_hi) and where
-/// their masses go.
+/// `Ctas` reads its slice (the caller combines the CTAs' sums: `combine_pass`). By default
+/// the whole row into `sh.chunk`; a group of a shared pass gives its chunks [c_lo, c_hi)
+/// and where their masses go.
 template <int Vec, bool DenseQ, int Ctas>
 __device__ pass_sums row_pass(shared_state& sh, float const* prow, float const* qrow, int k,
-                              std::int64_t vocab, int rank, int ahead = prefetch_chunks_p, int c_lo = 0,
-                              int c_hi = -1, std::uint64_t* chunk_out = nullptr)
+                              std::int64_t vocab, int rank, int c_lo = 0, int c_hi = -1,
+                              std::uint64_t* chunk_out = nullptr)
 {
   if (c_hi < 0) { c_hi = chunk_count(vocab); }
   if (chunk_out == nullptr) { chunk_out = sh.chunk; }
   if constexpr (!DenseQ) {
-    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out);
+    return row_pass_impl<Vec, 0, Ctas>(sh, prow, qrow, k, vocab, rank, c_lo, c_hi, chunk_out);
   } else {
-    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out)
-                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank, ahead, c_lo, c_hi, chunk_out);
+    return k == 1 ? row_pass_impl<Vec, 1, Ctas>(sh, prow, qrow, k, vocab, rank, c_lo, c_hi, chunk_out)
+                  : row_pass_impl<Vec, 2, Ctas>(sh, prow, qrow, k, vocab, rank, c_lo, c_hi, chunk_out);
   }
 }
 

@@ -215,9 +215,8 @@ __device__ __noinline__ void run_group(verify_params const& a, layout const& l, 
   int const c1        = s.chunk_begin(g + 1);
   std::uint64_t* out  = s.chunk_masses(b);
   pass_sums const sum = dense ? row_pass<Vec, true, 1>(sh, prow, a.q + b * l.q_request + row * l.q_row, k, a.vocab,
-                                                       0, prefetch_chunks_p, c0, c1, out)
-                              : row_pass<Vec, false, 1>(sh, prow, nullptr, 0, a.vocab, 0, prefetch_chunks_p, c0, c1,
-                                                        out);
+                                                       0, c0, c1, out)
+                              : row_pass<Vec, false, 1>(sh, prow, nullptr, 0, a.vocab, 0, c0, c1, out);
   raise_group(sh, sum.flags);
   __threadfence();  // this thread's chunk masses, before the group is counted
   __syncthreads();

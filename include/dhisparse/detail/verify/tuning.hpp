@@ -12,25 +12,16 @@ namespace dhisparse::detail::verify {
 /**
  * A request's later sampling passes (a tree node whose first draft was rejected, the bonus
  * sample after it) run while most other requests of the call have finished: its CTA is
- * alone on its SM and bound by the latency of its own loads. Two levers, both off by
- * default until measured on the H200 (`bench_verify` with DHISPARSE_VERIFY_TAIL=1 sweeps
- * them against neither; docs/benchmarks.md "verify"; `library_tuning` below is what
- * `verify_async` runs):
- *
- * - L2 prefetch (`row_pass_impl`'s `ahead`): from the request's `tail_pass`-th sampling
- *   pass on (0-based), each warp keeps `tail_ahead` chunks of p (half as many of each row
- *   of p and q) on their way to L2 — more bytes in flight without registers, while the
- *   first passes, which run when every SM is busy and HBM is the limit, stay as they are
- *   (prefetching there only crowds L2).
- * - Shared passes (shared_pass.cuh): from the request's `share_from`-th sampling pass on,
- *   the pass is cut into `share_groups` groups of chunks that the CTAs which have finished
- *   their own requests claim and read beside the request's CTA. Needs the call's workspace
- *   (`verify_params::workspace`, sized for a sampling rule); without one, passes are not
- *   shared.
+ * alone on its SM and bound by the latency of its own loads. The lever (`bench_verify`
+ * with DHISPARSE_VERIFY_TAIL=1 sweeps it against neither; docs/benchmarks.md "verify"):
+ * shared passes (shared_pass.cuh) — from the request's `share_from`-th sampling pass on
+ * (0-based), the pass is cut into `share_groups` groups of chunks that the CTAs which have
+ * finished their own requests claim and read beside the request's CTA. Needs the call's
+ * workspace (`verify_params::workspace`, sized for a sampling rule); without one, passes
+ * are not shared. (An L2 prefetch of the later passes was measured beside it on the H200
+ * and removed: no rule gained more than its spread, the tree rules lost up to 4.5 points.)
  */
 struct pass_tuning {
-  int tail_pass    = 1 << 30;
-  int tail_ahead   = 0;
   int share_from   = 1 << 30;
   int share_groups = 16;
 
@@ -45,8 +36,8 @@ struct pass_tuning {
  * rejected first child is followed by a residual pass over p and q; there, from the second
  * pass on in 4 groups (42% → 49% of copy bandwidth; 8 groups 47%, 16 groups 42%, from the
  * first pass 35%). Every other sampling rule runs 3–18% slower shared (the publish, the
- * combine and the control-block memset cost more than its few later passes gain), and no
- * rule gained from the L2 prefetch. Without a workspace nothing is shared.
+ * combine and the control-block memset cost more than its few later passes gain). Without
+ * a workspace nothing is shared.
  */
 constexpr pass_tuning library_tuning(verify_params const& a)
 {
