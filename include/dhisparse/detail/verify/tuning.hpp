@@ -36,14 +36,14 @@ struct pass_tuning {
  * rejected first child is followed by a residual pass over p and q; there, from the second
  * pass on in 4 groups (42% → 49% of copy bandwidth; 8 groups 47%, 16 groups 42%, from the
  * first pass 35%). Every other sampling rule runs 3–18% slower shared (the publish, the
- * combine and the control-block memset cost more than its few later passes gain). Without
- * a workspace nothing is shared.
+ * combine and the control-block memset cost more than its few later passes gain). Whether
+ * a call can share at all (a workspace) is `pass_share::of`'s to decide.
  */
 constexpr pass_tuning library_tuning(verify_params const& a)
 {
   pass_tuning t{};
   if (a.rule == verify_rule::sampling && a.topology == draft_topology::tree &&
-      a.distribution == draft_distribution::dense && a.workspace != nullptr) {
+      a.distribution == draft_distribution::dense) {
     t.share_from   = 1;
     t.share_groups = 4;
   }
