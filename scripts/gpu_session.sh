@@ -18,8 +18,8 @@
 #         resolve      bench_resolve --batches 1,128 (issue 12)
 #         verify       bench_verify --reps 20 (issue 14 item 6)
 #         serving      bench_serving --quick (the serving benchmark's harness)
-#         phases       the resolve and reclaim phase probes (scripts/probes; packed unless
-#                      PACK_PROBES=0) at --batches 1,128: where resolve's time goes
+#         phases       the resolve, reclaim and victim-search probes (scripts/probes; packed
+#                      unless PACK_PROBES=0) at --batches 1,128: where resolve's time goes
 #         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
 #         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
 #                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
@@ -58,9 +58,11 @@ pack() {
   # The phase probes of issue 12 (instrumented copies of bench_resolve, built from this tree).
   if [ "${PACK_PROBES:-1}" = 1 ]; then
     local probe
-    for probe in resolve reclaim; do
-      if /usr/bin/python3 "scripts/probes/${probe}_phases.py" . "/tmp/gpu_session_${probe}_phases" > /dev/null; then
-        cp "/tmp/gpu_session_${probe}_phases/bench_resolve_phases" "$stage/bench_${probe}_phases"
+    for probe in resolve reclaim victims; do
+      local exe
+      if exe=$(/usr/bin/python3 "scripts/probes/${probe}_phases.py" . "/tmp/gpu_session_${probe}_phases" | tail -1) &&
+        [ -x "$exe" ]; then
+        cp "$exe" "$stage/bench_${probe}_phases"
       else
         echo "pack: the $probe phase probe did not build (skipped)" >&2
       fi
@@ -131,7 +133,7 @@ run_parts() {
         tail -30 "$out/serving_quick.txt"
         ;;
       phases)
-        for probe in resolve reclaim; do
+        for probe in resolve reclaim victims; do
           [ -x "$bin/bench_${probe}_phases" ] || { echo "phases: bench_${probe}_phases not packed"; continue; }
           "$bin/bench_${probe}_phases" --batches 1,128 > "$out/${probe}_phases.txt" 2>&1 || true
           tail -40 "$out/${probe}_phases.txt"

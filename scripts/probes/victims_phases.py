@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Probe: what the victim search of per-request budgets does in each step of bench/resolve
+(issue 12: static<16448> at Q = 4 / 8 spends 47-52 us of a B = 128 resolve finding ~28
+victims a request, docs/benchmarks.md "resolve", 2026-12-05).
+
+Copies include/ and bench/ of a source tree to OUT_DIR, adds counters to
+detail/resolve/victims.cuh and builds `OUT_DIR/bench_victims_phases` (sm_90). Per step
+(every step of every configuration, summed over the step's requests):
+
+  searches   calls of `smallest_key_victims` (requests that needed victims)
+  rescans    full rescans of an owned list (cache invalid or exhausted)
+  deep       deep rescans (the cache's rows were all pinned or dirty: the next C above it)
+  ties       rescans that took the tie-break passes (not whole keys)
+  rounds     the most cache rounds one request took
+  longest    the longest rescan of the step, µs (`%globaltimer`, one block's view)
+  rescan µs  all rescans' time summed over blocks
+
+and per configuration prints the median and the maximum over the timed steps. The counters
+are not in the library; this script fails loudly when the code it patches has moved.
+
+Usage: scripts/probes/victims_phases.py [SOURCE_TREE] [OUT_DIR]
+then e.g. `OUT_DIR/bench_victims_phases --batches 1,128` on the GPU.
+"""
+import os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import probe_tree
+
+src, out = probe_tree.copy_tree(sys.argv, '/tmp/victims_phases')
+
+
+def patch(path, edits):
+    probe_tree.patch(out, path, edits, 'victims_phases')
+
+
+COUNTERS = ['searches', 'rescans', 'deep', 'ties', 'rounds', 'longest us', 'rescan us']
+
+TRACE = r'''
+__device__ unsigned long long victims_trace[8];
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE unsigned long long victims_now()
+{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+'''
+
+patch('include/dhisparse/detail/resolve/common.cuh', [
+    ('#if defined(__CUDACC__)\n', '#if defined(__CUDACC__)\n' + TRACE),
+])
+patch('include/dhisparse/detail/resolve/victims.cuh', [
+    # rescan: count it (deep or not) and time it
+    ('  victim_cache_ref const& cache = pool.cache;\n  std::int32_t const n          = pool.owned_count[r];\n'
+     '  std::int32_t const* owned     = pool.owned + std::int64_t(r) * pool.max_owned;\n',
+     '  victim_cache_ref const& cache = pool.cache;\n  std::int32_t const n          = pool.owned_count[r];\n'
+     '  std::int32_t const* owned     = pool.owned + std::int64_t(r) * pool.max_owned;\n'
+     '  unsigned long long const probe_t0 = ::dhisparse::detail::victims_now();\n'
+     '  if (threadIdx.x == 0) {\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[1], 1ull);\n'
+     '    if (deep) { atomicAdd(&::dhisparse::detail::victims_trace[2], 1ull); }\n'
+     '  }\n'),
+    ('    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);\n  }\n  __syncthreads();\n}\n',
+     '    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);\n'
+     '    unsigned long long const d = ::dhisparse::detail::victims_now() - probe_t0;\n'
+     '    atomicMax(&::dhisparse::detail::victims_trace[5], d);\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[6], d);\n'
+     '  }\n  __syncthreads();\n}\n'),
+    # the tie-break passes of block_threshold
+    ('  // The tie-break among the rows with the threshold key (per thread, then per warp).\n',
+     '  // The tie-break among the rows with the threshold key (per thread, then per warp).\n'
+     '  if (threadIdx.x == 0) { atomicAdd(&::dhisparse::detail::victims_trace[3], 1ull); }\n'),
+    # searches and rounds
+    ('  if (deep && threadIdx.x == 0) { cache.flags[r] = 0; }  // a deep cache lacks the rows below it\n',
+     '  if (deep && threadIdx.x == 0) { cache.flags[r] = 0; }  // a deep cache lacks the rows below it\n'
+     '  if (threadIdx.x == 0) {\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[0], 1ull);\n'
+     '    atomicMax(&::dhisparse::detail::victims_trace[4], (unsigned long long)rounds_run);\n'
+     '  }\n'),
+    ('  int const rounds = s.rounds;\n  for (int round = 0; round < rounds && found < need; ++round) {\n',
+     '  int const rounds = s.rounds;\n  int rounds_run = 0;\n'
+     '  for (int round = 0; round < rounds && found < need; ++round) {\n    ++rounds_run;\n'),
+])
+
+names = ', '.join(f'"{n}"' for n in COUNTERS)
+patch('bench/resolve/resolve.cu', [
+    ('  std::vector<double> resolve_ms, both_ms, fused_ms;\n',
+     '''  std::vector<double> resolve_ms, both_ms, fused_ms;
+  static char const* const counter_names[7] = {''' + names + '''};
+  std::vector<double> counters[7];  // per timed step
+'''),
+    ('    int const mode = s % 3;\n    spin(stream);\n',
+     '''    int const mode = s % 3;
+    {
+      unsigned long long const zero[8] = {};
+      DHISPARSE_CUDA_TRY(cudaMemcpyToSymbolAsync(dhisparse::detail::victims_trace, zero, sizeof zero, 0,
+                                                 cudaMemcpyHostToDevice, stream));
+    }
+    spin(stream);
+'''),
+    ('      if (mode == 2) { fused_ms.push_back(a); }\n',
+     '''      if (mode == 2) { fused_ms.push_back(a); }
+      unsigned long long tr[8];
+      DHISPARSE_CUDA_TRY(cudaMemcpyFromSymbol(tr, dhisparse::detail::victims_trace, sizeof tr));
+      for (int k = 0; k < 7; ++k) { counters[k].push_back(k >= 5 ? double(tr[k]) / 1e3 : double(tr[k])); }
+'''),
+    ('  t.resolve_us          = 1e3 * bench::median(resolve_ms);\n',
+     '''  std::printf("  victim search per step (B = %d, Q = %d; median / max over %zu steps):", batch, queries,
+              counters[0].size());
+  for (int k = 0; k < 7; ++k) {
+    double const most = counters[k].empty() ? 0.0 : *std::max_element(counters[k].begin(), counters[k].end());
+    std::printf("  %s %.1f / %.1f", counter_names[k], counters[k].empty() ? 0.0 : bench::median(counters[k]), most);
+  }
+  std::printf("\\n");
+  t.resolve_us          = 1e3 * bench::median(resolve_ms);
+'''),
+])
+
+print(probe_tree.build(out, 'resolve/resolve.cu', 'bench_victims_phases'))
