@@ -25,6 +25,23 @@ def patch(out, path, edits, probe):
     open(p, 'w').write(s)
 
 
+def add_timer_trace(out, probe, array, size, extra=''):
+    """Declares `__device__ unsigned long long <array>[size]` and `probe_now()` (the global
+    timer, ns) in namespace dhisparse::detail at the top of resolve's common.cuh, followed by
+    `extra` (the probe's macros)."""
+    trace = f'''
+__device__ unsigned long long {array}[{size}];
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE unsigned long long probe_now()
+{{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}}
+''' + extra
+    patch(out, 'include/dhisparse/detail/resolve/common.cuh', [('#if defined(__CUDACC__)\n', '#if defined(__CUDACC__)\n' + trace)],
+          probe)
+
+
 def build(out, source, exe_name):
     """Builds bench/<source> of the patched copy into out/<exe_name>; returns its path."""
     nvcc = os.environ.get('NVCC', '/usr/local/cuda/bin/nvcc')

@@ -44,22 +44,13 @@ MARKS = [
     ('allocate end', 13, 'max'), ('fetch past wait', 14, 'min'), ('fetch end', 15, 'max'),
 ]
 
-TRACE = r'''
-__device__ unsigned long long resolve_trace[16];
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE unsigned long long probe_now()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+MACROS = r'''
 #define RS_MIN(i) do { if (threadIdx.x == 0) { atomicMin(&::dhisparse::detail::resolve_trace[i], ::dhisparse::detail::probe_now()); } } while (0)
 #define RS_MAX(i) do { if (threadIdx.x == 0) { atomicMax(&::dhisparse::detail::resolve_trace[i], ::dhisparse::detail::probe_now()); } } while (0)
 '''
 
 # common.cuh's device part sits in namespace dhisparse::detail already.
-patch('include/dhisparse/detail/resolve/common.cuh', [
-    ('#if defined(__CUDACC__)\n', '#if defined(__CUDACC__)\n' + TRACE),
-])
+probe_tree.add_timer_trace(out, 'resolve_phases', 'resolve_trace', 16, MACROS)
 patch('include/dhisparse/detail/resolve/lookup.cuh', [
     ('  launch_dependents();  // allocate may be scheduled now; it waits for this grid\'s results\n',
      '  launch_dependents();  // allocate may be scheduled now; it waits for this grid\'s results\n  RS_MIN(0);\n'),

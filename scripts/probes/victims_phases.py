@@ -35,33 +35,21 @@ def patch(path, edits):
 
 COUNTERS = ['searches', 'rescans', 'deep', 'ties', 'rounds', 'longest us', 'rescan us']
 
-TRACE = r'''
-__device__ unsigned long long victims_trace[8];
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE unsigned long long victims_now()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-'''
-
-patch('include/dhisparse/detail/resolve/common.cuh', [
-    ('#if defined(__CUDACC__)\n', '#if defined(__CUDACC__)\n' + TRACE),
-])
+probe_tree.add_timer_trace(out, 'victims_phases', 'victims_trace', 8)
 patch('include/dhisparse/detail/resolve/victims.cuh', [
     # rescan: count it (deep or not) and time it
     ('  victim_cache_ref const& cache = pool.cache;\n  std::int32_t const n          = pool.owned_count[r];\n'
      '  std::int32_t const* owned     = pool.owned + std::int64_t(r) * pool.max_owned;\n',
      '  victim_cache_ref const& cache = pool.cache;\n  std::int32_t const n          = pool.owned_count[r];\n'
      '  std::int32_t const* owned     = pool.owned + std::int64_t(r) * pool.max_owned;\n'
-     '  unsigned long long const probe_t0 = ::dhisparse::detail::victims_now();\n'
+     '  unsigned long long const probe_t0 = ::dhisparse::detail::probe_now();\n'
      '  if (threadIdx.x == 0) {\n'
      '    atomicAdd(&::dhisparse::detail::victims_trace[1], 1ull);\n'
      '    if (deep) { atomicAdd(&::dhisparse::detail::victims_trace[2], 1ull); }\n'
      '  }\n'),
     ('    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);\n  }\n  __syncthreads();\n}\n',
      '    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);\n'
-     '    unsigned long long const d = ::dhisparse::detail::victims_now() - probe_t0;\n'
+     '    unsigned long long const d = ::dhisparse::detail::probe_now() - probe_t0;\n'
      '    atomicMax(&::dhisparse::detail::victims_trace[5], d);\n'
      '    atomicAdd(&::dhisparse::detail::victims_trace[6], d);\n'
      '  }\n  __syncthreads();\n}\n'),
