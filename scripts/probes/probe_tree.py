@@ -14,6 +14,13 @@ def copy_tree(argv, default_out):
     return src, out
 
 
+def start(argv, probe):
+    """A probe's copy of the tree (copy_tree, default output /tmp/<probe>) and its `patch`
+    function: patch(path, edits) on that copy, failing with the probe's name."""
+    src, out = copy_tree(argv, '/tmp/' + probe)
+    return src, out, lambda path, edits: patch(out, path, edits, probe)
+
+
 def patch(out, path, edits, probe):
     """Replaces each `old` by `new` in out/path; every `old` must occur exactly once."""
     p = os.path.join(out, path)

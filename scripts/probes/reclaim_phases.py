@@ -18,11 +18,7 @@ import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_tree
 
-src, out = probe_tree.copy_tree(sys.argv, '/tmp/reclaim_phases')
-
-
-def patch(path, edits):
-    probe_tree.patch(out, path, edits, 'reclaim_phases')
+src, out, patch = probe_tree.start(sys.argv, 'reclaim_phases')
 
 patch('include/dhisparse/detail/reclaim/kernels.cuh', [
     ('inline constexpr int block_size = 512;', '''inline constexpr int block_size = 512;

@@ -27,11 +27,7 @@ import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_tree
 
-src, out = probe_tree.copy_tree(sys.argv, '/tmp/resolve_phases')
-
-
-def patch(path, edits):
-    probe_tree.patch(out, path, edits, 'resolve_phases')
+src, out, patch = probe_tree.start(sys.argv, 'resolve_phases')
 
 
 # Mark indices (the bench prints them in this order).

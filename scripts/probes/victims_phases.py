@@ -26,11 +26,7 @@ import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_tree
 
-src, out = probe_tree.copy_tree(sys.argv, '/tmp/victims_phases')
-
-
-def patch(path, edits):
-    probe_tree.patch(out, path, edits, 'victims_phases')
+src, out, patch = probe_tree.start(sys.argv, 'victims_phases')
 
 
 COUNTERS = ['searches', 'rescans', 'deep', 'ties', 'rounds', 'longest us', 'rescan us']

@@ -34,8 +34,8 @@ struct pass_tuning {
  * sweep on the H200 (docs/benchmarks.md "verify", 2026-12-05): sharing pays only where
  * requests make later passes that read two full rows each — trees with dense q, where a
  * rejected first child is followed by a residual pass over p and q; there, from the second
- * pass on in 4 groups (43% → 51% of copy bandwidth; 2 groups 51%, 8 groups 49%, 16 groups 43%,
- * from the first pass 47%). Every other sampling rule runs 3–18% slower shared (the publish, the
+ * pass on in 4 groups (43% → 51% of copy bandwidth; 2 groups equal within the spread, 3 or 6
+ * groups 50%, 8 groups 49%, 16 groups 43%, from the first pass 47%). Every other sampling rule runs 3–18% slower shared (the publish, the
  * combine and the control-block memset cost more than its few later passes gain). Whether
  * a call can share at all (a workspace) is `pass_share::of`'s to decide.
  */
