@@ -101,6 +101,54 @@ TEST_CASE("GPU verify steps (Q > 1) share misses and recycle rejected tails like
   t.check_host_store();
 }
 
+// Long verify steps at full size: K = 2048, up to Q = 8, 72 requests. The step has more
+// lookup tiles than lookup's grid (at most 8 blocks per SM), so a block looks up several
+// tiles of four entries per thread, dead tiles (queries a request does not have) among
+// them; owned lists near 16 448 rows (prewarmed) make each victim rescan several rounds
+// per thread and pass.
+TEST_CASE("GPU steps with more lookup tiles than blocks and long owned lists match the reference",
+          "[hierarchy][gpu]")
+{
+  auto rng                 = test::seeded_engine("hierarchy gpu many tiles");
+  std::uint64_t const salt = rng();
+  stream_guard stream;
+  constexpr int requests = 72, big_k = 2048, queries = 8, context = 20480;
+  hierarchy_config c;
+  c.group_layers           = {2, 1};
+  c.max_requests           = requests;
+  c.max_batch              = requests;
+  c.max_queries            = queries;
+  c.max_top_k              = big_k;
+  c.max_context            = context;
+  c.device_slots_per_group = std::int64_t(requests) * 16448;
+  c.map_page_positions     = 1024;
+  c.host.tokens_per_page   = 64;
+  c.host.capacity_pages    = requests * context / 64;
+  test::twin<row_format::opaque<64>, policy::lru, policy::static_budget<16448>> t(c, salt, stream.s);
+  std::vector<std::uint64_t> ids;
+  for (int r = 0; r < requests; ++r) {
+    ids.push_back(std::uint64_t(r + 1));
+    t.admit(ids.back(), 16000 + std::int32_t(rng() % 3000), context);
+    t.prewarm(ids.back(), 16400);  // 48 rows below the cap: the first steps evict
+  }
+  int const steps = int(4 * test_scale());
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::int32_t> q(requests), accepted(requests);
+    for (int b = 0; b < requests; ++b) {
+      q[b]        = 1 + std::int32_t(rng() % queries);
+      accepted[b] = std::int32_t(rng() % (q[b] + 1));
+    }
+    t.set_batch(ids, q);
+    t.style() = {rng() % 2 == 0, rng() % 2 == 0, rng() % 2 == 0};
+    t.step(rng, big_k - int(rng() % 4), &accepted, true);
+  }
+  group_counters counters{};
+  t.gpu().read_counters(0, &counters, stream.s);
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream.s));
+  CHECK(counters.evicted_rows > 0);
+  t.check_host_store();
+}
+
 // F19 (docs/reliability.md): an entry that load_batch leaves out because it repeats an
 // earlier entry's request still ran allocate, and its block wrote back the request's spare
 // and owned counts it had read before the real entry's block took spares — the spares came

@@ -25,7 +25,7 @@ namespace dhisparse {
 namespace detail::resolve {
 // Defined in lookup.cuh and allocate.cuh; declared here too, because a translation unit
 // that starts with one of them reaches this launcher (through resolve.cuh) first.
-DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries);
+DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries, int per);
 template <class Eviction, class Budget, int Block>
 DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, workspace_view w);
 template <class Eviction, class Budget, int Block>
@@ -98,7 +98,7 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
   // request over tiles, so that one request still occupies many SMs.
   int const sms = detail::multiprocessor_count();
   unsigned const lookup_grid =
-    unsigned(std::min<std::int64_t>(std::int64_t(b.max_batch) * rd::lookup_tiles(entries), 8 * sms));
+    unsigned(std::min<std::int64_t>(std::int64_t(b.max_batch) * rd::lookup_tiles(entries, 1), 8 * sms));
   rd::lookup_kernel<Eviction, Budget, rd::lookup_block><<<lookup_grid, rd::lookup_block, 0, stream>>>(params, w);
   if constexpr (reclaims) {
     auto kernel = rc::resolve_reclaim_kernel<Eviction, rc::block_size>;

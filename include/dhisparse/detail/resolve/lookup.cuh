@@ -42,19 +42,27 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint32_t tail_refusal(resolve_params
   return *entry != not_resident ? status_uncommitted_tail : 0u;
 }
 
-/// Warp-aggregated shared `atomicAdd(counter, 1)` for the lanes where `pred` holds.
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_count(int* counter, bool pred)
+/// Warp-aggregated shared `atomicAdd(counter, v)` for 0 ≤ v ≤ Max (every lane calls it):
+/// one ballot per bit of Max.
+template <int Max>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_add(int* counter, int v)
 {
-  unsigned const ballot = __ballot_sync(0xFFFFFFFFu, pred);
-  if ((threadIdx.x & 31) == 0 && ballot != 0) { atomicAdd(counter, __popc(ballot)); }
+  int sum = 0;
+#pragma unroll
+  for (int bit = 0; (1 << bit) <= Max; ++bit) { sum += __popc(__ballot_sync(0xFFFFFFFFu, (v >> bit) & 1)) << bit; }
+  if ((threadIdx.x & 31) == 0 && sum != 0) { atomicAdd(counter, sum); }
 }
 
 /**
- * One tile: entries [first, first + Block) of batch entry b (one per thread). The first
- * tile of a request also finds its tail rows: the prefix of its Q tails that has storage
- * and no uncommitted predecessor (checked beside the entries, so that their loads overlap).
+ * One tile: entries [first, first + Per × Block) of batch entry b, Per per thread (entry
+ * first + e × Block + t for thread t), their loads issued together: a hit is a chain of
+ * four dependent loads (selection, page directory, map entry, the slot's pin and state),
+ * so a thread with one entry leaves the SM waiting on latency when a request has many
+ * tiles. The first tile of a request also finds its tail rows: the prefix of its Q tails
+ * that has storage and no uncommitted predecessor (checked beside the entries, so that
+ * their loads overlap).
  */
-template <class Eviction, class Budget, int Block>
+template <class Eviction, class Budget, int Block, int Per>
 DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const& w, int b, int first,
                                   std::uint32_t epoch, tile_totals& totals)
 {
@@ -63,18 +71,19 @@ DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const&
                               Eviction::search == victim_search::smallest_key;
   auto const& pool          = p.pool;
   int const entries         = int(w.entries);  // ≤ max_request_entries
-  int const i               = first + int(threadIdx.x);
-  bool const in_tile        = i < entries;
-  std::int64_t const at     = std::int64_t(b) * entries + i;
-  // The independent loads first: the selection, and the request's row of the batch.
-  std::int32_t pos       = in_tile ? p.selections[at] : -1;
+  std::int64_t const row    = std::int64_t(b) * entries;
+  // The independent loads first: the selections, and the request's row of the batch.
+  std::int32_t pos[Per];
+#pragma unroll
+  for (int e = 0; e < Per; ++e) {
+    int const i = first + e * Block + int(threadIdx.x);
+    pos[e]      = i < entries ? p.selections[row + i] : -1;
+  }
   std::int32_t const r   = p.batch.requests[b];
   std::int32_t const nq  = p.batch.queries[b];
   std::int32_t const len = p.batch.lengths[r];
   cache_bound bound{};
   if constexpr (uses_cache) { bound = cache_bound::load(pool.cache, r); }
-  int const q = i / p.top_k;
-  if (q >= nq) { pos = -1; }
   // Tails (first tile): thread t checks tails t, t + Block, …; it keeps its lowest refusal.
   std::uint32_t refused = 0;
   int refused_tail      = nq;
@@ -83,50 +92,68 @@ DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const&
     refused_tail = t;
   }
 
-  std::int32_t out     = -1;
-  bool hit             = false;  // the first selection of a resident row this step
-  bool miss            = false;  // the first selection of a missing row
-  bool tail_selection  = false;
-  std::uint32_t flag   = 0;
-  if (pos != -1) {
-    if (pos < 0 || pos > len + q) {
-      flag = status_invalid_selection;
-    } else if (pos >= len) {
-      out            = pending;  // a tail row of this step: allocate gives it the tail's slot, or -1
-      tail_selection = true;
-    } else if (std::int32_t* entry = p.map.entry(r, p.group, pos); entry == nullptr) {
-      flag = status_capacity_exceeded;
-    } else if (std::int32_t const slot = *entry; slot >= 0) {
-      out = slot;
+  std::int32_t out[Per];
+  std::int32_t* entry[Per];  // the map entry of a selection to look up, else null
+  std::uint32_t flag = 0;
+  int tail_selections = 0;
+#pragma unroll
+  for (int e = 0; e < Per; ++e) {
+    int const q = (first + e * Block + int(threadIdx.x)) / p.top_k;
+    out[e]      = -1;
+    entry[e]    = nullptr;
+    if (q >= nq || pos[e] == -1) { continue; }
+    if (pos[e] < 0 || pos[e] > len + q) {
+      flag |= status_invalid_selection;
+    } else if (pos[e] >= len) {
+      out[e] = pending;  // a tail row of this step: allocate gives it the tail's slot, or -1
+      ++tail_selections;
+    } else if ((entry[e] = p.map.entry(r, p.group, pos[e])) == nullptr) {
+      flag |= status_capacity_exceeded;
+    }
+  }
+  std::int32_t slot[Per];
+#pragma unroll
+  for (int e = 0; e < Per; ++e) { slot[e] = entry[e] != nullptr ? *entry[e] : not_resident; }
+  int hits = 0, misses = 0;
+#pragma unroll
+  for (int e = 0; e < Per; ++e) {
+    if (entry[e] == nullptr) { continue; }
+    int const i = first + e * Block + int(threadIdx.x);
+    if (slot[e] >= 0) {
+      out[e] = slot[e];
       if constexpr (counts) {
         // The hooks run in allocate, once every selection of the row has been counted.
-        hit = atomicExch(pool.touched + slot, epoch) != epoch;
-        accumulate_selection(pool, slot, p.scores != nullptr ? p.scores[at] : 0.f);
+        hits += atomicExch(pool.touched + slot[e], epoch) != epoch;
+        accumulate_selection(pool, slot[e], p.scores != nullptr ? p.scores[row + i] : 0.f);
       } else {
-        policy_state const state = pool.state[slot];  // read beside the pin: only its winner writes
-        hit                      = atomicExch(pool.touched + slot, epoch) != epoch;
-        if (hit) {
-          policy_state const next = Eviction::on_hit(state, selection_context{epoch, pos, 0.f, 1u});
-          pool.state[slot]        = next;
+        policy_state const state = pool.state[slot[e]];  // read beside the pin: only its winner writes
+        if (atomicExch(pool.touched + slot[e], epoch) != epoch) {
+          ++hits;
+          policy_state const next = Eviction::on_hit(state, selection_context{epoch, pos[e], 0.f, 1u});
+          pool.state[slot[e]]     = next;
           if constexpr (uses_cache) {
-            if (bound.breaks(Eviction::eviction_key(next, pos), pos)) { invalidate_cache(pool.cache, r); }
+            if (bound.breaks(Eviction::eviction_key(next, pos[e]), pos[e])) { invalidate_cache(pool.cache, r); }
           }
         }
       }
     } else {
       std::uint32_t* bits     = w.miss_bits + std::int64_t(b) * w.bitmap_words;
-      std::uint32_t const bit = 1u << (pos & 31);
-      if ((atomicOr(bits + (pos >> 5), bit) & bit) == 0) {
-        atomicOr(w.miss_words + std::int64_t(b) * w.summary_words + (pos >> 10), 1u << ((pos >> 5) & 31));
-        miss = true;
+      std::uint32_t const bit = 1u << (pos[e] & 31);
+      if ((atomicOr(bits + (pos[e] >> 5), bit) & bit) == 0) {
+        atomicOr(w.miss_words + std::int64_t(b) * w.summary_words + (pos[e] >> 10), 1u << ((pos[e] >> 5) & 31));
+        ++misses;
       }
-      out = pending;
+      out[e] = pending;
     }
   }
-  if (in_tile) { p.slot_table[at] = out; }
-  warp_count(&totals.hits, hit);
-  warp_count(&totals.misses, miss);
-  warp_count(&totals.tail_selections, tail_selection);
+#pragma unroll
+  for (int e = 0; e < Per; ++e) {
+    int const i = first + e * Block + int(threadIdx.x);
+    if (i < entries) { p.slot_table[row + i] = out[e]; }
+  }
+  warp_add<Per>(&totals.hits, hits);
+  warp_add<Per>(&totals.misses, misses);
+  warp_add<Per>(&totals.tail_selections, tail_selections);
   if (flag != 0) { atomicOr(&totals.flags, flag); }
   if (refused != 0) { atomicMin(&totals.first_refused, refused_tail); }
   __syncthreads();
@@ -144,10 +171,63 @@ DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const&
   __syncthreads();  // the totals are reset before the next tile of this block counts
 }
 
-/// Tiles per batch entry.
-DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries)
+/// Tiles of `per` entries per thread of a batch entry.
+DHISPARSE_HOST_DEVICE inline int lookup_tiles(std::int64_t entries, int per)
 {
-  return int((entries + lookup_block - 1) / lookup_block);
+  std::int64_t const tile = std::int64_t(lookup_block) * per;
+  return int((entries + tile - 1) / tile);
+}
+
+/// Entries per thread of `lookup`'s tiles when a block has several tiles to look up.
+inline constexpr int lookup_per_thread = 4;
+
+/**
+ * The tiles of the step, several per block (Per entries per thread each). Tiles are sized
+ * for max_queries; a request with fewer queries has dead tiles (entries of queries
+ * q ≥ Q_b only, no tails). The block's next Block tiles are checked at once, one per
+ * thread; live ones are looked up, dead ones only get their slot-table entries set to -1
+ * (a lookup would cost a round trip and two barriers, and at Q = 1 of Qmax = 8 seven
+ * tiles in eight are dead).
+ */
+template <class Eviction, class Budget, int Block, int Per>
+DHISPARSE_DEVICE void lookup_tiles_of_block(resolve_params const& p, workspace_view const& w, std::uint32_t epoch,
+                                            tile_totals& totals, std::uint32_t* live, std::uint32_t* dead)
+{
+  constexpr int tile_entries = Block * Per;
+  int const tiles            = lookup_tiles(w.entries, Per);
+  int const n                = *p.batch.size * tiles;
+  for (int base = blockIdx.x; base < n; base += Block * gridDim.x) {
+    int const t     = base + int(threadIdx.x) * int(gridDim.x);
+    bool is_live    = false;
+    if (t < n) {
+      int const first = (t % tiles) * tile_entries;
+      is_live         = first == 0 || first < p.batch.queries[t / tiles] * p.top_k;
+    }
+    unsigned const ballot      = __ballot_sync(0xFFFFFFFFu, is_live);
+    unsigned const dead_ballot = __ballot_sync(0xFFFFFFFFu, t < n && !is_live);
+    if ((threadIdx.x & 31) == 0) {
+      live[threadIdx.x / 32] = ballot;
+      dead[threadIdx.x / 32] = dead_ballot;
+    }
+    __syncthreads();
+    for (int word = 0; word < Block / 32; ++word) {
+      for (std::uint32_t m = dead[word]; m != 0; m &= m - 1) {
+        int const tile = base + (word * 32 + __ffs(m) - 1) * int(gridDim.x);
+#pragma unroll
+        for (int e = 0; e < Per; ++e) {
+          int const i = (tile % tiles) * tile_entries + e * Block + int(threadIdx.x);
+          if (i < w.entries) { p.slot_table[std::int64_t(tile / tiles) * w.entries + i] = -1; }
+        }
+      }
+    }
+    for (int word = 0; word < Block / 32; ++word) {
+      for (std::uint32_t m = live[word]; m != 0; m &= m - 1) {  // block-uniform
+        int const tile = base + (word * 32 + __ffs(m) - 1) * int(gridDim.x);
+        lookup_tile<Eviction, Budget, Block, Per>(p, w, tile / tiles, (tile % tiles) * tile_entries, epoch, totals);
+      }
+    }
+    __syncthreads();  // live is rewritten by the next round
+  }
 }
 
 template <class Eviction, class Budget, int Block>
@@ -166,49 +246,19 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, w
     }
   }
   __syncthreads();
-  // Tiles are sized for max_queries; a request with fewer queries has dead tiles (entries
-  // of queries q ≥ Q_b only, no tails). The block's next Block tiles are checked at once,
-  // one per thread; live ones are looked up, dead ones only get their slot-table entries
-  // set to -1 (a lookup would cost a round trip and two barriers, and at Q = 1 of
-  // Qmax = 8 seven tiles in eight are dead). With at most one tile per block the check
-  // would only add a round trip ahead of the tile's own loads: every tile is looked up.
-  int const tiles = lookup_tiles(w.entries);
-  int const n     = *p.batch.size * tiles;
+  // With at most one tile of one entry per thread per block, every tile is looked up (a
+  // live check would only add a round trip ahead of the tile's own loads) and a small
+  // batch spreads over many SMs. With more, a block takes tiles of several entries per
+  // thread, whose loads overlap.
+  int const n = *p.batch.size * lookup_tiles(w.entries, 1);
   if (n <= int(gridDim.x)) {
     if (int(blockIdx.x) < n) {
-      lookup_tile<Eviction, Budget, Block>(p, w, blockIdx.x / tiles, (blockIdx.x % tiles) * Block, epoch, totals);
+      int const tiles = lookup_tiles(w.entries, 1);
+      lookup_tile<Eviction, Budget, Block, 1>(p, w, blockIdx.x / tiles, (blockIdx.x % tiles) * Block, epoch, totals);
     }
     return;
   }
-  for (int base = blockIdx.x; base < n; base += Block * gridDim.x) {
-    int const t     = base + int(threadIdx.x) * int(gridDim.x);
-    bool is_live    = false;
-    if (t < n) {
-      int const first = (t % tiles) * Block;
-      is_live         = first == 0 || first < p.batch.queries[t / tiles] * p.top_k;
-    }
-    unsigned const ballot      = __ballot_sync(0xFFFFFFFFu, is_live);
-    unsigned const dead_ballot = __ballot_sync(0xFFFFFFFFu, t < n && !is_live);
-    if ((threadIdx.x & 31) == 0) {
-      live[threadIdx.x / 32] = ballot;
-      dead[threadIdx.x / 32] = dead_ballot;
-    }
-    __syncthreads();
-    for (int word = 0; word < Block / 32; ++word) {
-      for (std::uint32_t m = dead[word]; m != 0; m &= m - 1) {
-        int const tile = base + (word * 32 + __ffs(m) - 1) * int(gridDim.x);
-        int const i    = (tile % tiles) * Block + int(threadIdx.x);
-        if (i < w.entries) { p.slot_table[std::int64_t(tile / tiles) * w.entries + i] = -1; }
-      }
-    }
-    for (int word = 0; word < Block / 32; ++word) {
-      for (std::uint32_t m = live[word]; m != 0; m &= m - 1) {  // block-uniform
-        int const tile = base + (word * 32 + __ffs(m) - 1) * int(gridDim.x);
-        lookup_tile<Eviction, Budget, Block>(p, w, tile / tiles, (tile % tiles) * Block, epoch, totals);
-      }
-    }
-    __syncthreads();  // live is rewritten by the next round
-  }
+  lookup_tiles_of_block<Eviction, Budget, Block, lookup_per_thread>(p, w, epoch, totals, live, dead);
 }
 
 }  // namespace dhisparse::detail::resolve
