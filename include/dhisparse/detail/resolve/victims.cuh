@@ -101,6 +101,11 @@ DHISPARSE_DEVICE void block_radix_level(int n, int bits, Value value, std::uint6
   __shared__ unsigned hist[256];
   __shared__ std::uint64_t shared_prefix;
   __shared__ int shared_remaining;
+  // The caller's threads may still be reading its shared results (block_threshold's tie
+  // count and bounds before the tie-break level): thread 0 publishes this level's start
+  // only after them. racecheck reported that read against this write (late-backup case of
+  // test_hierarchy_gpu, deep rescans that take the tie-break passes).
+  __syncthreads();
   if (threadIdx.x == 0) {
     shared_prefix    = prefix;
     shared_remaining = remaining;
