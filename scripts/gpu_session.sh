@@ -19,7 +19,8 @@
 #         verify       bench_verify --reps 20 (issue 14 item 6)
 #         serving      bench_serving --quick (the serving benchmark's harness)
 #         phases       the resolve, reclaim and victim-search probes (scripts/probes; packed
-#                      unless PACK_PROBES=0) at --batches 1,128: where resolve's time goes
+#                      unless PACK_PROBES=0, only those named in $PROBES when set) at
+#                      --batches 1,128: where resolve's time goes
 #         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
 #         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
 #                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
@@ -58,7 +59,7 @@ pack() {
   # The phase probes of issue 12 (instrumented copies of bench_resolve, built from this tree).
   if [ "${PACK_PROBES:-1}" = 1 ]; then
     local probe
-    for probe in resolve reclaim victims; do
+    for probe in ${PROBES:-resolve reclaim victims}; do
       local exe
       if exe=$(/usr/bin/python3 "scripts/probes/${probe}_phases.py" . "/tmp/gpu_session_${probe}_phases" | tail -1) &&
         [ -x "$exe" ]; then
