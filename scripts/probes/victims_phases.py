@@ -14,6 +14,10 @@ detail/resolve/victims.cuh and builds `OUT_DIR/bench_victims_phases` (sm_90). Pe
   rounds     the most cache rounds one request took
   longest    the longest rescan of the step, µs (`%globaltimer`, one block's view)
   rescan µs  all rescans' time summed over blocks
+  pass 1 / threshold / compaction / sort µs
+             the rescans' phases, each summed over blocks: the first pass over the owned
+             list (keys and their range), the key (and tie-break) levels of the select,
+             the compaction of the chosen rows, the block sort and the cache write
 
 and per configuration prints the median and the maximum over the timed steps. The counters
 are not in the library; this script fails loudly when the code it patches has moved.
@@ -29,9 +33,10 @@ import probe_tree
 src, out, patch = probe_tree.start(sys.argv, 'victims_phases')
 
 
-COUNTERS = ['searches', 'rescans', 'deep', 'ties', 'rounds', 'longest us', 'rescan us']
+COUNTERS = ['searches', 'rescans', 'deep', 'ties', 'rounds', 'longest us', 'rescan us',
+            'pass 1 us', 'threshold us', 'compaction us', 'sort us']
 
-probe_tree.add_timer_trace(out, 'victims_phases', 'victims_trace', 8)
+probe_tree.add_timer_trace(out, 'victims_phases', 'victims_trace', 12)
 patch('include/dhisparse/detail/resolve/victims.cuh', [
     # rescan: count it (deep or not) and time it
     ('  victim_cache_ref const& cache = pool.cache;\n  std::int32_t const n          = pool.owned_count[r];\n'
@@ -45,10 +50,24 @@ patch('include/dhisparse/detail/resolve/victims.cuh', [
      '  }\n'),
     ('    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);\n  }\n  __syncthreads();\n}\n',
      '    cache.flags[r] = 1u | (total <= capacity ? 2u : 0u);\n'
-     '    unsigned long long const d = ::dhisparse::detail::probe_now() - probe_t0;\n'
+     '    unsigned long long const probe_t4 = ::dhisparse::detail::probe_now();\n'
+     '    unsigned long long const d = probe_t4 - probe_t0;\n'
      '    atomicMax(&::dhisparse::detail::victims_trace[5], d);\n'
      '    atomicAdd(&::dhisparse::detail::victims_trace[6], d);\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[7], probe_t1 - probe_t0);\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[8], probe_t2 - probe_t1);\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[9], probe_t3 - probe_t2);\n'
+     '    atomicAdd(&::dhisparse::detail::victims_trace[10], probe_t4 - probe_t3);\n'
      '  }\n  __syncthreads();\n}\n'),
+    # the rescan's phases: first pass, threshold (key and tie levels), compaction, sort
+    ('  __syncthreads();\n  int const total = s.count;\n',
+     '  __syncthreads();\n  int const total = s.count;\n'
+     '  unsigned long long const probe_t1 = ::dhisparse::detail::probe_now();\n'),
+    ('  if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }\n',
+     '  if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }\n'
+     '  unsigned long long const probe_t2 = ::dhisparse::detail::probe_now();\n'),
+    ('  int const m        = written;\n',
+     '  unsigned long long const probe_t3 = ::dhisparse::detail::probe_now();\n  int const m        = written;\n'),
     # the tie-break passes of block_threshold
     ('  // The tie-break among the rows with the threshold key (per thread, then per warp).\n',
      '  // The tie-break among the rows with the threshold key (per thread, then per warp).\n'
@@ -69,13 +88,13 @@ names = ', '.join(f'"{n}"' for n in COUNTERS)
 patch('bench/resolve/resolve.cu', [
     ('  std::vector<double> resolve_ms, both_ms, fused_ms;\n',
      '''  std::vector<double> resolve_ms, both_ms, fused_ms;
-  static char const* const counter_names[7] = {''' + names + '''};
-  std::vector<double> counters[7];  // per timed step
+  static char const* const counter_names[11] = {''' + names + '''};
+  std::vector<double> counters[11];  // per timed step
 '''),
     ('    int const mode = s % 3;\n    spin(stream);\n',
      '''    int const mode = s % 3;
     {
-      unsigned long long const zero[8] = {};
+      unsigned long long const zero[12] = {};
       DHISPARSE_CUDA_TRY(cudaMemcpyToSymbolAsync(dhisparse::detail::victims_trace, zero, sizeof zero, 0,
                                                  cudaMemcpyHostToDevice, stream));
     }
@@ -83,14 +102,14 @@ patch('bench/resolve/resolve.cu', [
 '''),
     ('      if (mode == 2) { fused_ms.push_back(a); }\n',
      '''      if (mode == 2) { fused_ms.push_back(a); }
-      unsigned long long tr[8];
+      unsigned long long tr[12];
       DHISPARSE_CUDA_TRY(cudaMemcpyFromSymbol(tr, dhisparse::detail::victims_trace, sizeof tr));
-      for (int k = 0; k < 7; ++k) { counters[k].push_back(k >= 5 ? double(tr[k]) / 1e3 : double(tr[k])); }
+      for (int k = 0; k < 11; ++k) { counters[k].push_back(k >= 5 ? double(tr[k]) / 1e3 : double(tr[k])); }
 '''),
     ('  t.resolve_us          = 1e3 * bench::median(resolve_ms);\n',
      '''  std::printf("  victim search per step (B = %d, Q = %d; median / max over %zu steps):", batch, queries,
               counters[0].size());
-  for (int k = 0; k < 7; ++k) {
+  for (int k = 0; k < 11; ++k) {
     double const most = counters[k].empty() ? 0.0 : *std::max_element(counters[k].begin(), counters[k].end());
     std::printf("  %s %.1f / %.1f", counter_names[k], counters[k].empty() ? 0.0 : bench::median(counters[k]), most);
   }
