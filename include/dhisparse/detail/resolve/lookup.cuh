@@ -250,10 +250,10 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) lookup_kernel(resolve_params p, w
   // live check would only add a round trip ahead of the tile's own loads) and a small
   // batch spreads over many SMs. With more, a block takes tiles of several entries per
   // thread, whose loads overlap.
-  int const n = *p.batch.size * lookup_tiles(w.entries, 1);
+  int const tiles = lookup_tiles(w.entries, 1);
+  int const n     = *p.batch.size * tiles;
   if (n <= int(gridDim.x)) {
     if (int(blockIdx.x) < n) {
-      int const tiles = lookup_tiles(w.entries, 1);
       lookup_tile<Eviction, Budget, Block, 1>(p, w, blockIdx.x / tiles, (blockIdx.x % tiles) * Block, epoch, totals);
     }
     return;
