@@ -17,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <utility>
 
 namespace dhisparse::detail {
@@ -38,22 +39,31 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void wait_for_prerequisites()
 #endif
 }
 
-/// Launches `kernel<<<grid, block, 0, stream>>>(args…)` as a programmatic dependent of the
-/// stream's previous kernel.
+/// Launches `kernel<<<grid, block, shared_bytes, stream>>>(args…)` as a programmatic
+/// dependent of the stream's previous kernel.
 template <class... Params, class... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
-                             Args&&... args)
+cudaError_t launch_dependent_shared(void (*kernel)(Params...), unsigned grid, unsigned block,
+                                    std::size_t shared_bytes, cudaStream_t stream, Args&&... args)
 {
   cudaLaunchAttribute early{};
   early.id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
   early.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim  = dim3(grid);
-  config.blockDim = dim3(block);
-  config.stream   = stream;
+  config.blockDim         = dim3(block);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream           = stream;
   config.attrs    = &early;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// `launch_dependent_shared` without dynamic shared memory.
+template <class... Params, class... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
+                             Args&&... args)
+{
+  return launch_dependent_shared(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 #endif  // __CUDACC__
 

@@ -148,7 +148,7 @@ DHISPARSE_DEVICE int list_words(std::uint32_t* summary, std::int64_t summary_wor
 /// The allocation of batch entry b (see the file comment).
 template <class Eviction, class Budget, int Block, class Storage>
 DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view const& w, int b, std::uint32_t epoch,
-                                       bool in_block_copy, Storage& vs)
+                                       bool in_block_copy, rescan_stage const& stage, Storage& vs)
 {
   constexpr bool per_request = Budget::kind == budget_kind::per_request;
   constexpr bool counts      = Eviction::counts_selections;
@@ -232,7 +232,7 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
       if constexpr (Eviction::search == victim_search::sweep) {
         found = sweep_victims<Eviction, Block>(pool, r, epoch, evict, victims, vs);
       } else {
-        found = smallest_key_victims<Eviction, Block>(pool, r, epoch, evict, victims, vs);
+        found = smallest_key_victims<Eviction, Block>(pool, r, epoch, evict, victims, stage, vs);
       }
       if (threadIdx.x == 0) { found_victims = found; }
     }
@@ -348,9 +348,10 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) allocate_kernel(resolve_params p,
   launch_dependents();       // the gather of resolve_and_retrieve waits for this grid
   std::uint32_t const epoch = *w.epoch;
   if (blockIdx.x == 0 && threadIdx.x == 0) { *p.pool.epoch = epoch; }
-  int const batch = *p.batch.size;
+  int const batch           = *p.batch.size;
+  rescan_stage const stage  = rescan_stage::of_launch();
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {
-    allocate_request<Eviction, Budget, Block>(p, w, b, epoch, batch >= in_block_copy_batch, vs);
+    allocate_request<Eviction, Budget, Block>(p, w, b, epoch, batch >= in_block_copy_batch, stage, vs);
   }
 }
 

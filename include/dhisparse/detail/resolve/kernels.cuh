@@ -89,6 +89,7 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
   namespace rd                 = detail::resolve;
   namespace rc                 = detail::reclaim;
   constexpr bool reclaims      = Budget::kind == budget_kind::shared && Budget::reclaim != reclaim_order::none;
+  constexpr bool per_request   = Budget::kind == budget_kind::per_request;
   auto const& b                = params.batch;
   std::int64_t const entries   = std::int64_t(b.max_queries) * params.top_k;
   if (!resolve_params_problem<Eviction, Budget>(params, workspace_bytes).empty()) { return cudaErrorInvalidValue; }
@@ -124,11 +125,23 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
                                                                0, stream);
     if (launched != cudaSuccess) { return launched; }
   }
+  // Per-request victim search by key: the rescan keeps as much of an owned list in shared
+  // memory as a block can hold beside the kernel's own (all of it up to ≈ 16 000 rows).
+  std::size_t stage_bytes = 0;
+  auto* allocate          = rd::allocate_kernel<Eviction, Budget, rd::block_size>;
+  if constexpr (per_request && Eviction::search == victim_search::smallest_key) {
+    std::size_t available = 0;
+    cudaError_t status    = detail::dynamic_shared_bytes(allocate, available);
+    if (status != cudaSuccess) { return status; }
+    std::size_t const rows = std::min(std::size_t(params.pool.max_owned), available / rd::rescan_stage::bytes(1));
+    stage_bytes            = rd::rescan_stage::bytes(int(rows));
+    status = cudaFuncSetAttribute(allocate, cudaFuncAttributeMaxDynamicSharedMemorySize, int(stage_bytes));
+    if (status != cudaSuccess) { return status; }
+  }
   // allocate starts while its predecessor finishes (its blocks wait on the device, not
   // behind a launch gap); so does the gather of the missed rows.
-  cudaError_t launched = detail::launch_dependent(rd::allocate_kernel<Eviction, Budget, rd::block_size>,
-                                                  unsigned(std::min(b.max_batch, 4 * sms)), rd::block_size,
-                                                  stream, params, w);
+  cudaError_t launched = detail::launch_dependent_shared(allocate, unsigned(std::min(b.max_batch, 4 * sms)),
+                                                         rd::block_size, stage_bytes, stream, params, w);
   if (launched == cudaSuccess && params.fetch_rows) {
     retrieve_params rp{};
     rp.plan            = params.plan;

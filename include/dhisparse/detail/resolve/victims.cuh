@@ -12,6 +12,8 @@
  * pinned or dirty rows are kept for later steps, the first n others are the victims. Only
  * when the cache runs out is the owned list scanned again (a radix select of the C
  * smallest, then a sort of those), so a step needing a few victims costs a few entries.
+ * The rescan's first pass gathers every row's key once and keeps it in shared memory
+ * (`rescan_stage`); the select's levels and the compaction read it there.
  *
  * The CLOCK policy (`victim_search::sweep`) walks the owned list from the request's hand
  * instead, in chunks of a block: each chunk's decisions (spare a referenced row by clearing
@@ -27,6 +29,7 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace dhisparse::detail::resolve {
@@ -253,13 +256,46 @@ struct victim_storage {
 };
 
 /**
+ * The rescan's first rows' keys and positions, kept in shared memory between its passes:
+ * the launch's dynamic shared memory, 12 bytes a row (rows past it are read from the pool
+ * again in each pass). The first pass gathers each row's position and state through its
+ * slot — scattered loads of a 32-byte sector each for 4 or 8 useful bytes, all through the
+ * one SM that runs the request — and the select's levels and the compaction would gather
+ * them again.
+ */
+struct rescan_stage {
+  std::uint64_t* key;
+  std::int32_t* position;
+  int rows;
+
+  /// Bytes of dynamic shared memory that stage `rows` rows.
+  static constexpr std::size_t bytes(int rows)
+  {
+    return std::size_t(rows) * (sizeof(std::uint64_t) + sizeof(std::int32_t));
+  }
+
+#if defined(__CUDACC__)
+  /// The stage this launch's dynamic shared memory holds.
+  DHISPARSE_DEVICE static rescan_stage of_launch()
+  {
+    extern __shared__ __align__(16) unsigned char rescan_stage_memory[];
+    unsigned size = 0;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));
+    int const rows = int(size / bytes(1));
+    return {reinterpret_cast<std::uint64_t*>(rescan_stage_memory),
+            reinterpret_cast<std::int32_t*>(rescan_stage_memory + std::size_t(rows) * sizeof(std::uint64_t)), rows};
+  }
+#endif
+};
+
+/**
  * Fills request r's victim cache with the C smallest (key, position) of its rows — or of
- * those above (`after_key`, `after_pos`) when `deep` — sorted. Block-wide. Every row's key
- * is left in `pool.keys[slot]`.
+ * those above (`after_key`, `after_pos`) when `deep` — sorted. Block-wide. Each row's key
+ * is kept in `stage` (its first rows) or in `pool.keys[slot]` (the rest) for the later passes.
  */
 template <class Eviction, int Block>
 DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool deep, std::uint64_t after_key,
-                             std::int32_t after_pos, victim_storage<Block>& s)
+                             std::int32_t after_pos, rescan_stage const& stage, victim_storage<Block>& s)
 {
   victim_cache_ref const& cache = pool.cache;
   std::int32_t const n          = pool.owned_count[r];
@@ -272,7 +308,7 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
     s.max_position = 0;
   }
   __syncthreads();
-  // Every row's key (kept in pool.keys), and the range of the candidates' keys.
+  // Every row's key (staged, or kept in pool.keys), and the range of the candidates' keys.
   int mine              = 0;
   std::uint64_t my_kmin = ~std::uint64_t{0}, my_kmax = 0;
   for (int base = threadIdx.x; base < n; base += Block * scan_unroll) {
@@ -290,9 +326,15 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
     }
 #pragma unroll
     for (int u = 0; u < scan_unroll; ++u) {
+      int const i             = base + u * Block;
+      std::uint64_t const key = pos[u] >= 0 ? Eviction::eviction_key(state[u], pos[u]) : 0;
+      if (i < stage.rows) {
+        stage.key[i]      = key;
+        stage.position[i] = pos[u];
+      } else if (pos[u] >= 0) {
+        pool.keys[slot[u]] = key;
+      }
       if (pos[u] < 0) { continue; }
-      std::uint64_t const key = Eviction::eviction_key(state[u], pos[u]);
-      pool.keys[slot[u]]      = key;
       if (deep && !key_less(after_key, after_pos, key, pos[u])) { continue; }
       ++mine;
       my_kmin = min(my_kmin, key);
@@ -309,10 +351,16 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
   __syncthreads();
   int const total = s.count;
   auto const get  = [&](int i, std::uint64_t& key, std::uint32_t& tie) {
-    std::int32_t const slot = owned[i];
-    std::int32_t const pos  = pool.position[slot];
-    key                     = pool.keys[slot];  // beside the position: one round trip
-    tie                     = std::uint32_t(pos);
+    std::int32_t pos = -1;
+    if (i < stage.rows) {
+      pos = stage.position[i];
+      key = stage.key[i];
+    } else {
+      std::int32_t const slot = owned[i];
+      pos                     = pool.position[slot];
+      key                     = pool.keys[slot];  // beside the position: one round trip
+    }
+    tie = std::uint32_t(pos);
     return pos >= 0 && (!deep || key_less(after_key, after_pos, key, pos));
   };
   std::uint64_t tkey = ~std::uint64_t{0};
@@ -321,7 +369,8 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
   if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }
   // Compact the chosen rows (in any order: they are sorted next), then sort them by
   // (key, position).
-  int written = 0;
+  int written              = 0;
+  std::int32_t my_position = 0;
   for (int base = threadIdx.x; base - int(threadIdx.x) < n; base += Block * scan_unroll) {
     std::uint64_t key[scan_unroll];
     std::uint32_t tie[scan_unroll];
@@ -343,20 +392,24 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
       s.key[written + offset]      = key[u];
       s.position[written + offset] = std::int32_t(tie[u]);
       s.slot[written + offset]     = owned[base + u * Block];
-      atomicMax(&s.max_position, std::int32_t(tie[u]));
+      my_position                  = max(my_position, std::int32_t(tie[u]));
       ++offset;
     }
     written += sum;
     __syncthreads();
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) { my_position = max(my_position, __shfl_xor_sync(0xFFFFFFFFu, my_position, o)); }
+  if ((threadIdx.x & 31) == 0) { atomicMax(&s.max_position, my_position); }
+  __syncthreads();
   int const m        = written;
   int constexpr per  = victim_storage<Block>::per_thread;
   std::uint64_t k[per];
   int v[per];
   // Sort by (key, position): one radix sort of ((key − min) << position bits | position)
   // when that fits 64 bits (LRU's keys span a few hundred epochs), else by position and
-  // then, stably, by key.
-  int const key_bits = bit_width(s.kmax - s.kmin);
+  // then, stably, by key. The chosen keys are at most the threshold's: only their bits.
+  int const key_bits = bit_width(min(s.kmax, tkey) - s.kmin);
   int const pos_bits = max(1, bit_width(std::uint64_t(s.max_position)));
   bool const packed  = key_bits + pos_bits <= 64;
 #pragma unroll
@@ -485,7 +538,8 @@ DHISPARSE_DEVICE int walk_cache(device_pool_ref const& pool, std::int32_t r, std
  */
 template <class Eviction, int Block>
 DHISPARSE_DEVICE int smallest_key_victims(device_pool_ref const& pool, std::int32_t r, std::uint32_t epoch,
-                                          int need, std::int32_t* victims, victim_storage<Block>& s)
+                                          int need, std::int32_t* victims, rescan_stage const& stage,
+                                          victim_storage<Block>& s)
 {
   victim_cache_ref const& cache = pool.cache;
   int found                     = 0;
@@ -499,7 +553,7 @@ DHISPARSE_DEVICE int smallest_key_victims(device_pool_ref const& pool, std::int3
   __syncthreads();
   int const rounds = s.rounds;
   for (int round = 0; round < rounds && found < need; ++round) {
-    if (s.stop == 2 || deep) { rescan<Eviction, Block>(pool, r, deep, after_key, after_pos, s); }
+    if (s.stop == 2 || deep) { rescan<Eviction, Block>(pool, r, deep, after_key, after_pos, stage, s); }
     bool exhausted = false;
     found          = walk_cache<Eviction, Block>(pool, r, epoch, need, found, victims, exhausted, s);
     if (threadIdx.x == 0) {
