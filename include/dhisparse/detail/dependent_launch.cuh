@@ -49,12 +49,12 @@ cudaError_t launch_dependent_shared(void (*kernel)(Params...), unsigned grid, un
   early.id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
   early.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim  = dim3(grid);
+  config.gridDim          = dim3(grid);
   config.blockDim         = dim3(block);
   config.dynamicSmemBytes = shared_bytes;
   config.stream           = stream;
-  config.attrs    = &early;
-  config.numAttrs = 1;
+  config.attrs            = &early;
+  config.numAttrs         = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

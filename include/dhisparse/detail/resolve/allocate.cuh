@@ -348,8 +348,8 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) allocate_kernel(resolve_params p,
   launch_dependents();       // the gather of resolve_and_retrieve waits for this grid
   std::uint32_t const epoch = *w.epoch;
   if (blockIdx.x == 0 && threadIdx.x == 0) { *p.pool.epoch = epoch; }
-  int const batch           = *p.batch.size;
-  rescan_stage const stage  = rescan_stage::of_launch();
+  int const batch          = *p.batch.size;
+  rescan_stage const stage = rescan_stage::of_launch();
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {
     allocate_request<Eviction, Budget, Block>(p, w, b, epoch, batch >= in_block_copy_batch, stage, vs);
   }
