@@ -269,7 +269,7 @@ struct rescan_stage {
   int rows;
 
   /// Bytes of dynamic shared memory that stage `rows` rows.
-  static constexpr std::size_t bytes(int rows)
+  DHISPARSE_HOST_DEVICE static constexpr std::size_t bytes(int rows)
   {
     return std::size_t(rows) * (sizeof(std::uint64_t) + sizeof(std::int32_t));
   }
