@@ -66,8 +66,8 @@ patch('include/dhisparse/detail/resolve/victims.cuh', [
     ('  if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }\n',
      '  if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }\n'
      '  unsigned long long const probe_t2 = ::dhisparse::detail::probe_now();\n'),
-    ('  int const m        = written;\n',
-     '  unsigned long long const probe_t3 = ::dhisparse::detail::probe_now();\n  int const m        = written;\n'),
+    ('  int const m        = s.taken;\n',
+     '  unsigned long long const probe_t3 = ::dhisparse::detail::probe_now();\n  int const m        = s.taken;\n'),
     # the tie-break passes of block_threshold
     ('  // The tie-break among the rows with the threshold key (per thread, then per warp).\n',
      '  // The tie-break among the rows with the threshold key (per thread, then per warp).\n'

@@ -305,6 +305,7 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
     s.kmin         = ~std::uint64_t{0};
     s.kmax         = 0;
     s.count        = 0;
+    s.taken        = 0;
     s.max_position = 0;
   }
   __syncthreads();
@@ -367,11 +368,12 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
   std::uint32_t ttie = 0xFFFFFFFFu;
   // At least half a cache of whole keys, else exactly a full one.
   if (total > capacity) { block_threshold<Block>(n, capacity, max(1, capacity / 2), s.kmin, s.kmax, get, tkey, ttie); }
-  // Compact the chosen rows (in any order: they are sorted next), then sort them by
-  // (key, position).
-  int written              = 0;
+  // Compact the chosen rows (in any order: they are sorted next; (key, position) pairs are
+  // distinct), then sort them by (key, position). Each warp reserves its iteration's entries
+  // with one shared atomic: no block scan and no barrier per iteration.
+  int const lane           = int(threadIdx.x) & 31;
   std::int32_t my_position = 0;
-  for (int base = threadIdx.x; base - int(threadIdx.x) < n; base += Block * scan_unroll) {
+  for (int base = threadIdx.x; base - lane < n; base += Block * scan_unroll) {
     std::uint64_t key[scan_unroll];
     std::uint32_t tie[scan_unroll];
     bool take[scan_unroll];
@@ -384,25 +386,30 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
       take[u]     = i < n && get(i, key[u], tie[u]) && (key[u] < tkey || (key[u] == tkey && tie[u] <= ttie));
       count += int(take[u]);
     }
-    int offset = 0, sum = 0;
-    typename victim_storage<Block>::scan(s.temp.scan).ExclusiveSum(count, offset, sum);
+    int offset = count;  // inclusive warp scan of the counts
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int const v = __shfl_up_sync(0xFFFFFFFFu, offset, o);
+      if (lane >= o) { offset += v; }
+    }
+    int start = 0;
+    if (lane == 31 && offset > 0) { start = atomicAdd(&s.taken, offset); }
+    offset += __shfl_sync(0xFFFFFFFFu, start, 31) - count;
 #pragma unroll
     for (int u = 0; u < scan_unroll; ++u) {
       if (!take[u]) { continue; }
-      s.key[written + offset]      = key[u];
-      s.position[written + offset] = std::int32_t(tie[u]);
-      s.slot[written + offset]     = owned[base + u * Block];
-      my_position                  = max(my_position, std::int32_t(tie[u]));
+      s.key[offset]      = key[u];
+      s.position[offset] = std::int32_t(tie[u]);
+      s.slot[offset]     = owned[base + u * Block];
+      my_position        = max(my_position, std::int32_t(tie[u]));
       ++offset;
     }
-    written += sum;
-    __syncthreads();
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) { my_position = max(my_position, __shfl_xor_sync(0xFFFFFFFFu, my_position, o)); }
-  if ((threadIdx.x & 31) == 0) { atomicMax(&s.max_position, my_position); }
+  if (lane == 0) { atomicMax(&s.max_position, my_position); }
   __syncthreads();
-  int const m        = written;
+  int const m        = s.taken;
   int constexpr per  = victim_storage<Block>::per_thread;
   std::uint64_t k[per];
   int v[per];
