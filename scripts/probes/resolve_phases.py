@@ -19,7 +19,14 @@ The marks are not in the library. Two of them add a block barrier to the allocat
 only its own share), so phase times include one extra `__syncthreads` each. This
 script fails loudly when the code it patches has moved.
 
-Usage: scripts/probes/resolve_phases.py [SOURCE_TREE] [OUT_DIR]
+`--adaptive-q1` builds a variant that separates two causes of the adaptive lookup's
+longer time at B = 128, Q = 1 (20.8 µs against static<4096>'s 15.0 on 2026-12-06): the
+adaptive hierarchy gets max_queries = 1 (no dead query tiles, lookup's one-entry tiles, as
+static<4096> has) and keeps its 8.4 M-slot pool (its resident rows spread over it), and
+the bench runs Q = 1 only. If its lookup ends near static<4096>'s, max_queries and the
+tiling were the cause; if near 20.8, the footprint of the slot metadata its hits touch.
+
+Usage: scripts/probes/resolve_phases.py [--adaptive-q1] [SOURCE_TREE] [OUT_DIR]
 then e.g. `OUT_DIR/bench_resolve_phases --batches 1,128` on the GPU.
 """
 import os, sys
@@ -27,7 +34,15 @@ import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_tree
 
-src, out, patch = probe_tree.start(sys.argv, 'resolve_phases')
+adaptive_q1 = '--adaptive-q1' in sys.argv
+argv = [a for a in sys.argv if a != '--adaptive-q1']
+src, out, patch = probe_tree.start(argv, 'resolve_phases')
+if adaptive_q1:
+    patch('bench/resolve/resolve.cu', [
+        ('  auto ha = make_hierarchy<adaptive>(store, 8, std::int64_t(max_batch) * 16448, stream, false);\n',
+         '  auto ha = make_hierarchy<adaptive>(store, 1, std::int64_t(max_batch) * 16448, stream, false);\n'),
+        ('      for (int queries : {1, 4, 8}) {\n', '      for (int queries : {1}) {\n'),
+    ])
 
 
 # Mark indices (the bench prints them in this order).
