@@ -21,6 +21,11 @@
 #         phases       the resolve, reclaim and victim-search probes (scripts/probes; packed
 #                      unless PACK_PROBES=0, only those named in $PROBES when set) at
 #                      --batches 1,128: where resolve's time goes
+#         ab           resolve A/B: bench_resolve of the revision packed with AB_BASE=REV
+#                      ("base") and of this tree ("new"), alternating $AB_REPS times
+#                      (default 2), then the phase probe of each when packed; prints one
+#                      side-by-side table (scripts/lib/resolve_ab.py) and the probes'
+#                      phase lines to stdout (the device tool returns few files)
 #         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
 #         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
 #                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
@@ -36,6 +41,9 @@
 #   run: bash scripts/gpu_session.sh run memcheck                carry: ["devbin"]
 #   run: bash scripts/gpu_session.sh run retrieval resolve verify carry: ["devbin"]
 #   run: bash scripts/gpu_session.sh run phases serving           carry: ["devbin"]
+# A/B of resolve against another revision (one call):
+#   AB_BASE=main~1 scripts/gpu_session.sh pack build devbin
+#   run: bash scripts/gpu_session.sh run ab                      carry: ["devbin"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +77,25 @@ pack() {
       fi
     done
   fi
+  # `ab`: bench_resolve and its phase probe of another revision, built from a worktree.
+  if [ -n "${AB_BASE:-}" ]; then
+    local wt=/tmp/gpu_session_base exe
+    git worktree remove --force "$wt" 2>/dev/null || true
+    git worktree add -f --detach "$wt" "$AB_BASE" > /dev/null
+    cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDHISPARSE_BUILD_TESTS=OFF \
+      -DDHISPARSE_BUILD_EXAMPLES=OFF -DDHISPARSE_BUILD_TOOLS=OFF > /dev/null
+    ninja -C "$wt/build" bench_resolve > /dev/null
+    cp "$(find "$wt/build" -type f -name bench_resolve -perm -u+x | head -1)" "$stage/bench_resolve_base"
+    if exe=$(/usr/bin/python3 "$wt/scripts/probes/resolve_phases.py" "$wt" /tmp/gpu_session_resolve_phases_base |
+      tail -1) && [ -x "$exe" ]; then
+      cp "$exe" "$stage/bench_resolve_phases_base"
+    else
+      echo "pack: the base's resolve phase probe did not build (skipped)" >&2
+    fi
+    git worktree remove --force "$wt"
+    echo "pack: bench_resolve of $AB_BASE as bench_resolve_base"
+  fi
+  cp scripts/lib/resolve_ab.py "$stage/"
   strip "$stage"/* 2>/dev/null || true
   mkdir -p "$bundle"
   tar -C "$stage" -cJf "$bundle/gpu.tar.xz" .
@@ -158,6 +185,30 @@ run_parts() {
         DHISPARSE_VERIFY_TAIL=1 "$bin/bench_verify" --reps 20 --json "$out/verify_tail.json" > "$out/verify_tail.txt" 2>&1 || true
         grep -E "dense|candidate|one-hot|copy" "$out/verify_tail.txt" | head -120
         ;;
+      ab)
+        [ -x "$bin/bench_resolve_base" ] || { echo "ab: pack with AB_BASE=REV first"; continue; }
+        local rep v runs=()
+        for rep in $(seq 1 "${AB_REPS:-2}"); do
+          for v in base new; do
+            local exe=$bin/bench_resolve
+            [ "$v" = new ] || exe=$bin/bench_resolve_base
+            [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline: $v $rep not run"; continue; }
+            timeout 200 "$exe" --batches "${AB_BATCHES:-1,128}" --json "$out/resolve_${v}$rep.json" \
+              > "$out/resolve_${v}$rep.txt" 2>&1 && runs+=("$out/resolve_${v}$rep.json") || echo "ab: $v $rep failed"
+          done
+        done
+        [ ${#runs[@]} -eq 0 ] || python3 "$bin/resolve_ab.py" "${runs[@]}" | tee "$out/ab_table.txt"
+        for v in base new; do
+          local probe=$bin/bench_resolve_phases
+          [ "$v" = new ] || probe=$bin/bench_resolve_phases_base
+          [ -x "$probe" ] && [ $((SECONDS - start)) -lt "$deadline" ] || continue
+          "$probe" --batches "${AB_BATCHES:-1,128}" > "$out/resolve_phases_$v.txt" 2>&1 || true
+          echo "-- phases, $v"
+          awk '/^(static|adaptive)/{print "  ->",$1,$2,$3,$4,$6} /phases R/{on=1; print; next} /phases F/{on=0}
+               on && /lookup end|reclaim|past wait|misses listed|slots taken|victims found|rows mapped|table filled|allocate end/{print}' \
+            "$out/resolve_phases_$v.txt"
+        done
+        ;;
       multi)
         local gpus
         gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -183,5 +234,5 @@ run_parts() {
 case ${1:-} in
   pack) shift; pack "$@" ;;
   run) shift; run_parts "$@" ;;
-  *) sed -n '2,28p' "$0"; exit 2 ;;
+  *) sed -n '2,46p' "$0"; exit 2 ;;
 esac
