@@ -20,11 +20,11 @@ only its own share), so phase times include one extra `__syncthreads` each. This
 script fails loudly when the code it patches has moved.
 
 `--adaptive-q1` builds a variant that separates two causes of the adaptive lookup's
-longer time at B = 128, Q = 1 (20.8 µs against static<4096>'s 15.0 on 2026-12-06): the
+longer time at B = 128, Q = 1 (21.1 µs against static<4096>'s 15.3 on 2026-12-06): the
 adaptive hierarchy gets max_queries = 1 (no dead query tiles, lookup's one-entry tiles, as
 static<4096> has) and keeps its 8.4 M-slot pool (its resident rows spread over it), and
 the bench runs Q = 1 only. If its lookup ends near static<4096>'s, max_queries and the
-tiling were the cause; if near 20.8, the footprint of the slot metadata its hits touch.
+tiling were the cause; if near 21, the footprint of the slot metadata its hits touch.
 
 Usage: scripts/probes/resolve_phases.py [--adaptive-q1] [SOURCE_TREE] [OUT_DIR]
 then e.g. `OUT_DIR/bench_resolve_phases --batches 1,128` on the GPU.
