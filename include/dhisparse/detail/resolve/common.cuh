@@ -97,6 +97,19 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int warp_sum(int v)
   return v;
 }
 
+/// Inclusive prefix sum over the warp's lanes (every lane calls it).
+template <class T>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE T warp_inclusive_sum(T v)
+{
+  int const lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    T const up = __shfl_up_sync(0xFFFFFFFFu, v, o);
+    if (lane >= o) { v += up; }
+  }
+  return v;
+}
+
 /// Warp-wide minimum and maximum of 64-bit values (every lane gets them).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_min_max(std::uint64_t& lo, std::uint64_t& hi)
 {

@@ -67,12 +67,7 @@ DHISPARSE_DEVICE inline int pick_digit(unsigned const* hist, int& remaining)
     local[i] = hist[lane * 8 + i];
     sum += local[i];
   }
-  unsigned incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    unsigned const v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-    if (lane >= o) { incl += v; }
-  }
+  unsigned const incl    = warp_inclusive_sum(sum);
   unsigned const excl    = incl - sum;
   bool const here        = excl < unsigned(remaining) && incl >= unsigned(remaining);
   unsigned const ballot  = __ballot_sync(0xFFFFFFFFu, here);
@@ -386,13 +381,8 @@ DHISPARSE_DEVICE void rescan(device_pool_ref const& pool, std::int32_t r, bool d
       take[u]     = i < n && get(i, key[u], tie[u]) && (key[u] < tkey || (key[u] == tkey && tie[u] <= ttie));
       count += int(take[u]);
     }
-    int offset = count;  // inclusive warp scan of the counts
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int const v = __shfl_up_sync(0xFFFFFFFFu, offset, o);
-      if (lane >= o) { offset += v; }
-    }
-    int start = 0;
+    int offset = warp_inclusive_sum(count);
+    int start  = 0;
     if (lane == 31 && offset > 0) { start = atomicAdd(&s.taken, offset); }
     offset += __shfl_sync(0xFFFFFFFFu, start, 31) - count;
 #pragma unroll
