@@ -10,7 +10,8 @@
 #       on the device machine: unpacks the bundle once and runs the parts, writing logs,
 #       JSON and a summary under $OUT (default: ./gpu-out). Parts:
 #         tests        every GPU test (or those whose name matches $TESTS and not
-#                      $TESTS_SKIP), 240 s each, one log per test; summary lines
+#                      $TESTS_SKIP), $TEST_TIMEOUT_S each (default 240), one log per
+#                      test; summary lines
 #         memcheck     compute-sanitizer memcheck and racecheck over the GPU tests matching
 #                      $SANITIZE_TESTS (default: all; scripts/sanitize_gpu.sh --binaries, its
 #                      SANITIZE_* settings apply; small traces)
@@ -131,7 +132,7 @@ run_parts() {
           local name rc
           name=$(basename "$t")
           rc=0
-          (cd "$out/tests" && timeout 240 "$t" > "$name.log" 2>&1) || rc=$?
+          (cd "$out/tests" && timeout ${TEST_TIMEOUT_S:-240} "$t" > "$name.log" 2>&1) || rc=$?
           echo "$name rc=$rc $(grep -E 'All tests passed|test cases:|assertions:' "$out/tests/$name.log" | tail -1)"
         done | tee "$out/tests_summary.txt"
         ;;
@@ -234,5 +235,5 @@ run_parts() {
 case ${1:-} in
   pack) shift; pack "$@" ;;
   run) shift; run_parts "$@" ;;
-  *) sed -n '2,46p' "$0"; exit 2 ;;
+  *) sed -n '2,47p' "$0"; exit 2 ;;
 esac
