@@ -8,6 +8,7 @@ Per kernel (.text.* section): identical; same size with the instructions that di
 in their 32-bit immediate field (constants, e.g. status bits); or a different size. Made
 to show that a refactor left the kernels' code alone, which a benchmark cannot prove.
 """
+import re
 import struct
 import subprocess
 import sys
@@ -20,7 +21,10 @@ def text_sections(path):
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names = sections[shstrndx][4]
     name = lambda off: data[names + off: data.index(b"\0", names + off)].decode()
-    return {name(s[0])[6:]: data[s[4]: s[4] + s[5]] for s in sections if name(s[0]).startswith(".text.")}
+    # A kernel in an anonymous namespace is named with a hash of its file's path: the same
+    # kernel of two trees (a worktree beside the checkout) gets two names without this.
+    anon = lambda n: re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__", n)
+    return {anon(name(s[0])[6:]): data[s[4]: s[4] + s[5]] for s in sections if name(s[0]).startswith(".text.")}
 
 
 def main():

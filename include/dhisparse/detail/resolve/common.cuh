@@ -7,6 +7,7 @@
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/dependent_launch.cuh>
+#include <dhisparse/detail/warp_reduce.cuh>
 #include <dhisparse/device_pool.cuh>
 #include <dhisparse/policy/concepts.hpp>
 
@@ -87,28 +88,6 @@ struct cache_bound {
     return active && (complete || k < key || (k == key && pos < position));
   }
 };
-
-/// Warp-wide sum (every lane gets it; `__reduce_add_sync` needs sm_80, the library builds
-/// for older targets too).
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int warp_sum(int v)
-{
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xFFFFFFFFu, v, o); }
-  return v;
-}
-
-/// Inclusive prefix sum over the warp's lanes (every lane calls it).
-template <class T>
-DHISPARSE_DEVICE DHISPARSE_FORCEINLINE T warp_inclusive_sum(T v)
-{
-  int const lane = threadIdx.x & 31;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    T const up = __shfl_up_sync(0xFFFFFFFFu, v, o);
-    if (lane >= o) { v += up; }
-  }
-  return v;
-}
 
 /// Warp-wide minimum and maximum of 64-bit values (every lane gets them).
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void warp_min_max(std::uint64_t& lo, std::uint64_t& hi)

@@ -7,6 +7,7 @@
 
 #include <dhisparse/detail/config.hpp>
 #include <dhisparse/detail/verify/fixed_point.hpp>
+#include <dhisparse/detail/warp_reduce.cuh>
 #include <dhisparse/verify_params.hpp>
 
 #include <cstdint>
@@ -58,22 +59,9 @@ struct shared_state {
 };
 
 // ---------------------------------------------------------------------------------------
-// Warp / block reductions (every thread returns the result)
+// Warp / block reductions (every thread returns the result; the warp sums are
+// detail/warp_reduce.cuh's)
 // ---------------------------------------------------------------------------------------
-
-__device__ __forceinline__ std::uint64_t warp_sum(std::uint64_t v)
-{
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) { v += __shfl_xor_sync(0xFFFFFFFFu, v, off); }
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) { v += __shfl_xor_sync(0xFFFFFFFFu, v, off); }
-  return v;
-}
 
 /// (largest value, smallest index among ties) over the warp's lanes.
 __device__ __forceinline__ void warp_argmax(float& best, std::int32_t& arg)
@@ -87,18 +75,6 @@ __device__ __forceinline__ void warp_argmax(float& best, std::int32_t& arg)
       arg  = oa;
     }
   }
-}
-
-/// Inclusive prefix sum over the warp's lanes.
-__device__ __forceinline__ std::uint64_t warp_inclusive_scan(std::uint64_t v)
-{
-  int const lane = threadIdx.x & 31;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    std::uint64_t const o = __shfl_up_sync(0xFFFFFFFFu, v, off);
-    if (lane >= off) { v += o; }
-  }
-  return v;
 }
 
 /// Sums three values over the block. Integer sums are exact (wrapping: see row_pass).
@@ -142,7 +118,7 @@ __device__ __forceinline__ float block_sum(shared_state& sh, float v)
 __device__ __forceinline__ std::uint64_t block_exclusive_scan(shared_state& sh, std::uint64_t v)
 {
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  std::uint64_t const inclusive = warp_inclusive_scan(v);
+  std::uint64_t const inclusive = warp_inclusive_sum(v);
   if (lane == 31) { sh.red[warp][0] = inclusive; }
   __syncthreads();
   std::uint64_t before = 0;

@@ -513,7 +513,7 @@ class request_block {
       for (int j = 0; j < batch; ++j) {
         std::int64_t const i      = base + j * 32 + lane;
         std::uint64_t const r     = i < c1 ? residual_element(pv[j], qv[j], i, patches) : 0;
-        std::uint64_t const incl  = acc + warp_inclusive_scan(r);
+        std::uint64_t const incl  = acc + warp_inclusive_sum(r);
         unsigned const past       = __ballot_sync(0xFFFFFFFFu, incl > offset);
         if (past != 0) { return std::int32_t(base + j * 32 + __ffs(int(past)) - 1); }
         acc = __shfl_sync(0xFFFFFFFFu, incl, 31);
