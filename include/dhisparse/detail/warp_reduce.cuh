@@ -1,7 +1,7 @@
 /**
  * @file detail/warp_reduce.cuh
  * @brief Warp-wide sums by register shuffles, called by all 32 lanes of a warp: the
- *        reductions that resolve, reclaim's victim search and verification share.
+ *        reductions that resolve (its victim search) and verification share.
  *        (`__reduce_add_sync` needs sm_80 and 32-bit integers; the library builds for
  *        older targets and sums 64-bit integers and floats too.)
  */
