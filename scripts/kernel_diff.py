@@ -22,8 +22,9 @@ def text_sections(path):
     names = sections[shstrndx][4]
     name = lambda off: data[names + off: data.index(b"\0", names + off)].decode()
     # A kernel in an anonymous namespace is named with a hash of its file's path: the same
-    # kernel of two trees (a worktree beside the checkout) gets two names without this.
-    anon = lambda n: re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__", n)
+    # kernel of two trees (a worktree beside the checkout) gets two names without this. The
+    # hash keeps its length, so that the name still demangles.
+    anon = lambda n: re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__00000000_", n)
     return {anon(name(s[0])[6:]): data[s[4]: s[4] + s[5]] for s in sections if name(s[0]).startswith(".text.")}
 
 
