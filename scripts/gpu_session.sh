@@ -25,8 +25,9 @@
 #         ab           resolve A/B: bench_resolve of the revision packed with AB_BASE=REV
 #                      ("base") and of this tree ("new"), alternating $AB_REPS times
 #                      (default 2), then the phase probe of each when packed; prints one
-#                      side-by-side table (scripts/lib/resolve_ab.py) and the probes'
-#                      phase lines to stdout (the device tool returns few files)
+#                      side-by-side table (scripts/lib/resolve_ab.py, also ab_table.txt)
+#                      after the probes' phase lines, so that it ends the output; the
+#                      runs' JSON and logs travel as ab-logs.tar.gz (8 files come back)
 #         multi        bench_retrieval --gpus N (issue 19; N = the GPUs present, ≥ 2)
 #         repeat       $REPEAT_TEST (default test_verify_graph_gpu) $REPEAT_N times (default
 #                      40) with fresh seeds, then with each seed of $REPEAT_SEEDS (default:
@@ -34,7 +35,8 @@
 #         verify-tail  bench_verify's sweep of the later passes' sharing (sampling rules)
 #       Each part stops starting work after $PART_DEADLINE_S seconds (default 540) so that
 #       one 600 s call returns with its summary; pass one or two parts per call. The logs
-#       come back as tests-logs.tar.gz, sanitize-logs.tar.gz and repeat-logs.tar.gz.
+#       come back as tests-logs.tar.gz, sanitize-logs.tar.gz, repeat-logs.tar.gz and
+#       ab-logs.tar.gz.
 #
 # Example (three calls fit 30 device minutes with room to spare):
 #   scripts/gpu_session.sh pack build devbin                     # here, after a full build
@@ -188,27 +190,31 @@ run_parts() {
         ;;
       ab)
         [ -x "$bin/bench_resolve_base" ] || { echo "ab: pack with AB_BASE=REV first"; continue; }
-        local rep v runs=()
+        # The runs' files go to ab/ (archived below: the device tool returns 8 files).
+        local rep v runs=() ab=$out/ab
+        mkdir -p "$ab"
         for rep in $(seq 1 "${AB_REPS:-2}"); do
           for v in base new; do
             local exe=$bin/bench_resolve
             [ "$v" = new ] || exe=$bin/bench_resolve_base
             [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline: $v $rep not run"; continue; }
-            timeout 200 "$exe" --batches "${AB_BATCHES:-1,128}" --json "$out/resolve_${v}$rep.json" \
-              > "$out/resolve_${v}$rep.txt" 2>&1 && runs+=("$out/resolve_${v}$rep.json") || echo "ab: $v $rep failed"
+            timeout 200 "$exe" --batches "${AB_BATCHES:-1,128}" --json "$ab/resolve_${v}$rep.json" \
+              > "$ab/resolve_${v}$rep.txt" 2>&1 && runs+=("$ab/resolve_${v}$rep.json") || echo "ab: $v $rep failed"
           done
         done
-        [ ${#runs[@]} -eq 0 ] || python3 "$bin/resolve_ab.py" "${runs[@]}" | tee "$out/ab_table.txt"
+        [ ${#runs[@]} -eq 0 ] || python3 "$bin/resolve_ab.py" "${runs[@]}" > "$out/ab_table.txt"
         for v in base new; do
           local probe=$bin/bench_resolve_phases
           [ "$v" = new ] || probe=$bin/bench_resolve_phases_base
           [ -x "$probe" ] && [ $((SECONDS - start)) -lt "$deadline" ] || continue
-          "$probe" --batches "${AB_BATCHES:-1,128}" > "$out/resolve_phases_$v.txt" 2>&1 || true
+          "$probe" --batches "${AB_BATCHES:-1,128}" > "$ab/resolve_phases_$v.txt" 2>&1 || true
           echo "-- phases, $v"
           awk '/^(static|adaptive)/{print "  ->",$1,$2,$3,$4,$6} /phases R/{on=1; print; next} /phases F/{on=0}
                on && /lookup end|reclaim|past wait|misses listed|slots taken|victims found|rows mapped|table filled|allocate end/{print}' \
-            "$out/resolve_phases_$v.txt"
+            "$ab/resolve_phases_$v.txt"
         done
+        # The table last, so that the end of the output (what the device tool shows) has it.
+        [ ! -f "$out/ab_table.txt" ] || cat "$out/ab_table.txt"
         ;;
       multi)
         local gpus
@@ -226,7 +232,7 @@ run_parts() {
   # The device tool brings back a limited number of files: the per-test and per-run logs
   # travel as one archive beside the summaries.
   local dir
-  for dir in tests sanitize repeat; do
+  for dir in tests sanitize repeat ab; do
     [ -d "$out/$dir" ] || continue
     tar -C "$out" -czf "$out/$dir-logs.tar.gz" "$dir" && rm -rf "${out:?}/$dir"
   done
