@@ -168,8 +168,8 @@ class kv_hierarchy {
     }
     if constexpr (reclaims) {
       namespace rc    = detail::reclaim;
-      reclaim_blocks_ = rc::cooperative_blocks(rc::resolve_reclaim_kernel<Eviction, rc::block_size>, rc::block_size);
-      DHISPARSE_EXPECTS(reclaim_blocks_ > 0, "kv_hierarchy: the reclaim kernel cannot be launched cooperatively");
+      reclaim_blocks_ = rc::resident_blocks(rc::resolve_reclaim_kernel<Eviction, rc::block_size>, rc::block_size);
+      DHISPARSE_EXPECTS(reclaim_blocks_ > 0, "kv_hierarchy: no block of the reclaim kernel fits on the device");
     }
     device_arrays(config_, [&](auto member, std::size_t n) { detail::allocate(this->*member, n, device, stream); });
     uploader_.upload(pool_refs_.data(), refs.data(), refs.size() * sizeof(device_pool_ref), stream);
@@ -685,7 +685,7 @@ class kv_hierarchy {
     p.fetch_rows            = fetch;
     if constexpr (reclaims) {
       p.reclaim        = reclaim_scratch_[group];
-      p.reclaim_blocks = reclaim_blocks_;
+      p.reclaim_blocks = config_.reclaim_blocks > 0 ? config_.reclaim_blocks : reclaim_blocks_;
     }
     DHISPARSE_CUDA_TRY(
       (resolve_async<Eviction, Budget>(p, workspaces_[group % 2].data(), workspace_bytes_, stream)));

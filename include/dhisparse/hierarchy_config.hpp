@@ -151,6 +151,10 @@ struct hierarchy_config {
   /// of the reclaim's grid (at most all of them). Speed only: which rows are released does
   /// not depend on it; tests use small samples to exercise the pass that follows a miss.
   int reclaim_sample_slots = 16384;
+  /// Shared budgets: blocks of resolve's reclaim kernel (0: as many as fit on the device at
+  /// once). Fewer leave SMs to other streams while a reclaim runs; with more, the blocks
+  /// not started when a reclaim begins take no part. Speed only, like the sample.
+  int reclaim_blocks = 0;
   /// Blocks (of 8 warps, a row in flight per warp) of each `backup`, shared by all groups
   /// (0: 64 per group, the fastest backup). A few blocks pace the backup so that it takes
   /// little from a retrieval running beside it on another stream while keeping up with a
@@ -248,6 +252,7 @@ inline void validate(hierarchy_config const& c)
                       std::to_string(max_dirty_rows) + " rows");
   DHISPARSE_EXPECTS(c.reclaim_low_watermark >= 0, "hierarchy_config.reclaim_low_watermark must not be negative");
   DHISPARSE_EXPECTS(c.reclaim_sample_slots >= 0, "hierarchy_config.reclaim_sample_slots must not be negative");
+  DHISPARSE_EXPECTS(c.reclaim_blocks >= 0, "hierarchy_config.reclaim_blocks must not be negative (0: the default)");
   DHISPARSE_EXPECTS(c.backup_blocks >= 0, "hierarchy_config.backup_blocks must not be negative (0: the default)");
   DHISPARSE_EXPECTS(c.order_plans_min_entries >= 0, "hierarchy_config.order_plans_min_entries must not be negative");
   DHISPARSE_EXPECTS(c.slab_memory.empty() || c.slab_memory.size() == c.group_layers.size(),

@@ -11,8 +11,12 @@
  *   (owned − floor), each in its own (key, position) order; a request at or below the
  *   level gives nothing, ties at the level go to the lower request indices.
  * The selection is exact and deterministic (a radix select over the candidates, in one
- * cooperative kernel with grid-wide barriers), so the host reference releases the same
- * rows. In global order the candidates are first only the rows whose key is at most a
+ * kernel whose blocks meet at barriers), so the host reference releases the same rows.
+ * `reclaim_async` is a cooperative launch. Inside resolve the kernel follows lookup as a
+ * programmatic dependent, so that its check costs no launch gap; when a reclaim is needed,
+ * the blocks that have started by then do it (a team formed from tickets, never waiting
+ * for a block the device has not placed), with the same result whatever their number.
+ * In global order the candidates are first only the rows whose key is at most a
  * bound estimated from a sample of slots (enough of them to hold the rows to release, with
  * a margin); when fewer qualify, the remaining rows are added and the select runs over all.
  * Either way the released rows are the same: the sample decides how much is read, not what
@@ -59,7 +63,7 @@ struct reclaim_params {
   reclaim_order order;           ///< global or fair_share
   std::uint32_t pin_epoch;       ///< rows touched in this epoch are pinned; 0: none
   std::int32_t target_free;      ///< release rows until the pool has this many free slots
-  std::int32_t blocks;           ///< cooperative grid size (0: computed at launch)
+  std::int32_t blocks;           ///< grid size (0: as many as fit on the device at once)
 };
 
 /// Bytes of `reclaim_scratch_ref` for a pool of `num_slots` and `segments` segments.

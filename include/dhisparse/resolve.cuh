@@ -76,7 +76,8 @@ struct resolve_params {
   /// … and then release this many optional rows beyond what the step needs, so that the
   /// pool scan of a reclaim serves several steps.
   std::int32_t reclaim_batch;
-  /// Blocks of the cooperative reclaim kernel (0: computed at launch).
+  /// Blocks of the reclaim kernel (0: as many as fit on the device at once; more are
+  /// allowed, those that have not started when a reclaim begins take no part).
   std::int32_t reclaim_blocks;
   reclaim_scratch_ref reclaim;     ///< shared budgets: the pool's reclaim scratch
   /// Copy the missed rows too, so that no `retrieve` is needed (the plan stays, for

@@ -25,17 +25,17 @@ patch('include/dhisparse/detail/reclaim/kernels.cuh', [
 __device__ unsigned long long reclaim_trace[32];
 #define RC_MARK(i) do { if (blockIdx.x == 0 && threadIdx.x == 0) { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); reclaim_trace[i] = t; } } while (0)
 #define RC_INFO(i, v) do { if (blockIdx.x == 0 && threadIdx.x == 0) { reclaim_trace[16 + (i)] = (unsigned long long)(v); } } while (0)'''),
-    ('  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit) : ~0ull;',
-     '  RC_MARK(0);\n  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit) : ~0ull;\n  RC_MARK(1);'),
-    ('  publish_bounds();\n  grid.sync();\n  if (bound != ~0ull) {', '  RC_MARK(2);\n  publish_bounds();\n  grid.sync();\n  if (bound != ~0ull) {'),
+    ('  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit, blocks) : ~0ull;',
+     '  RC_MARK(0);\n  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit, blocks) : ~0ull;\n  RC_MARK(1);'),
+    ('  publish_bounds();\n  blocks.sync();\n  if (bound != ~0ull) {', '  RC_MARK(2);\n  publish_bounds();\n  blocks.sync();\n  if (bound != ~0ull) {'),
     ('  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);',
      '  int const n = *count + *reinterpret_cast<int const*>(s.scalars + s_rest);\n'
-     '  RC_MARK(3); RC_INFO(0, want); RC_INFO(1, *count); RC_INFO(2, n); RC_INFO(3, bound); RC_INFO(8, gridDim.x);'),
+     '  RC_MARK(3); RC_INFO(0, want); RC_INFO(1, *count); RC_INFO(2, n); RC_INFO(3, bound); RC_INFO(8, blocks.size);'),
     ('      std::uint64_t threshold = ~0ull;  // every candidate when t = n',
      '      RC_INFO(4, packed_key_bits); RC_INFO(5, packed_tie_bits);\n      std::uint64_t threshold = ~0ull;  // every candidate when t = n'),
-    ('      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {',
-     '      RC_MARK(4);\n      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {'),
-    ('      reset_scratch<Block>(p);\n      return;', '      RC_MARK(5);\n      reset_scratch<Block>(p);\n      RC_MARK(6);\n      return;'),
+    ('      release_candidates<Block>(p, n, blocks, [&](std::int32_t slot, std::int32_t) {',
+     '      RC_MARK(4);\n      release_candidates<Block>(p, n, blocks, [&](std::int32_t slot, std::int32_t) {'),
+    ('      reset_scratch<Block>(p, blocks);\n      return;', '      RC_MARK(5);\n      reset_scratch<Block>(p, blocks);\n      RC_MARK(6);\n      return;'),
 ])
 patch('bench/resolve/resolve.cu', [
     ('      if (c1.reclaimed_rows - c0.reclaimed_rows == std::uint64_t(release)) { ms.push_back(t); }',

@@ -69,10 +69,10 @@ patch('include/dhisparse/detail/resolve/lookup.cuh', [
      '  __syncthreads();  // the totals are reset before the next tile of this block counts\n  RS_MAX(1);\n'),
 ])
 patch('include/dhisparse/detail/reclaim/kernels.cuh', [
-    ('  __shared__ long long rows;\n  launch_dependents();  // allocate waits for this grid on the device\n',
-     '  __shared__ long long rows;\n  launch_dependents();  // allocate waits for this grid on the device\n  RS_MIN(2);\n'),
-    ('  if (short_by <= 0) { return; }\n  p.pin_epoch = *epoch;\n  run<Eviction, Block>(p, int(min(short_by + batch_extra, (long long)p.pool.num_slots)));\n',
-     '  if (short_by <= 0) { RS_MAX(3); return; }\n  p.pin_epoch = *epoch;\n  run<Eviction, Block>(p, int(min(short_by + batch_extra, (long long)p.pool.num_slots)));\n  RS_MAX(3);\n'),
+    ('  wait_for_prerequisites();  // lookup\'s needs and epoch\n',
+     '  wait_for_prerequisites();  // lookup\'s needs and epoch\n  RS_MIN(2);\n'),
+    ('  if (short_by <= 0) { return; }\n', '  if (short_by <= 0) { RS_MAX(3); return; }\n'),
+    ('  run<Eviction, Block>(p, want, members);\n', '  run<Eviction, Block>(p, want, members);\n  RS_MAX(3);\n'),
 ])
 patch('include/dhisparse/detail/resolve/allocate.cuh', [
     ('  __shared__ storage vs;\n  wait_for_prerequisites();  // launched early (programmatic dependent launch)\n',

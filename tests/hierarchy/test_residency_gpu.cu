@@ -30,11 +30,15 @@ using row       = row_format::opaque<64>;
 
 /// `ReclaimSample`: `hierarchy_config::reclaim_sample_slots` (speed only; the variants with a
 /// tiny sample reach reclaim's pass over the rows above a bound that holds too few).
-template <class Eviction, class Budget, int ReclaimSample = 16384>
+/// `ReclaimBlocks`: `hierarchy_config::reclaim_blocks` (speed only; resolve's reclaim then
+/// runs with a team of one block, or with more blocks than fit on the device, whose team
+/// is sealed by the first block's wait running out).
+template <class Eviction, class Budget, int ReclaimSample = 16384, int ReclaimBlocks = 0>
 struct combo {
-  using eviction                     = Eviction;
-  using budget                       = Budget;
+  using eviction                      = Eviction;
+  using budget                        = Budget;
   static constexpr int reclaim_sample = ReclaimSample;
+  static constexpr int reclaim_blocks = ReclaimBlocks;
 };
 
 using static_lru      = combo<policy::lru, policy::static_budget<256>>;
@@ -48,6 +52,8 @@ using clock_sample_16 = combo<policy::clock, policy::adaptive_budget<>, 16>;
 using lru_no_sample   = combo<policy::lru, policy::adaptive_budget<>, 0>;
 using adaptive_scores = combo<policy::score_ema<1, 4, 20>, policy::adaptive_budget<reclaim_order::fair_share>>;
 using resident        = combo<policy::lru, policy::resident_budget>;
+using lru_one_block   = combo<policy::lru, policy::adaptive_budget<>, 16384, 1>;
+using fair_wide_grid  = combo<policy::lru, policy::adaptive_budget<reclaim_order::fair_share>, 16384, 4096>;
 
 template <class Budget>
 hierarchy_config residency_config()
@@ -79,7 +85,8 @@ hierarchy_config residency_config()
 
 TEMPLATE_TEST_CASE("random operations under pressure: GPU and reference make the same decisions",
                    "[residency][gpu]", static_lru, static_clock, static_lfu, adaptive_lru, fair_lru, adaptive_clock,
-                   adaptive_scores, resident, lru_sample_2, clock_sample_16, lru_no_sample)
+                   adaptive_scores, resident, lru_sample_2, clock_sample_16, lru_no_sample, lru_one_block,
+                   fair_wide_grid)
 {
   using Eviction = typename TestType::eviction;
   using Budget   = typename TestType::budget;
@@ -88,6 +95,7 @@ TEMPLATE_TEST_CASE("random operations under pressure: GPU and reference make the
   stream_guard stream;
   auto config                 = residency_config<Budget>();
   config.reclaim_sample_slots = TestType::reclaim_sample;
+  config.reclaim_blocks       = TestType::reclaim_blocks;
   test::twin<row, Eviction, Budget> t(config, salt, stream.s);
   std::vector<std::uint64_t> live;
   std::uint64_t next_id = 1;

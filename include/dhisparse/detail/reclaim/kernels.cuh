@@ -1,8 +1,9 @@
 /**
  * @file detail/reclaim/kernels.cuh
- * @brief The cooperative reclaim kernel (see reclaim.cuh for the contract).
+ * @brief The reclaim kernels (see reclaim.cuh for the contract).
  *
- * One launch, grid-wide barriers between the passes:
+ * One launch, barriers of its team of blocks (`team`: the whole cooperative grid of
+ * `reclaim_async`, or the blocks of resolve's launch that joined) between the passes:
  * 0. (global order) a bound on the keys worth reading: the first blocks build a histogram
  *    of the keys of a strided sample of slots (one per thread; barriers among themselves
  *    only) and block 0 publishes the key below which the sample holds the rows to release
@@ -31,7 +32,6 @@
 #include <dhisparse/reclaim.cuh>
 #include <dhisparse/step_batch.cuh>
 
-#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda/atomic>
@@ -62,6 +62,7 @@ enum scalar_index : int {
   s_sampled,      ///< 1 once block 0 has published `s_bound`
   s_sample_sync,  ///< two barrier counters of the sampling blocks
   s_done = s_sample_sync + 2,  ///< blocks that finished reading the scratch (the last one clears it)
+  s_team_sync,                 ///< the team's barrier counter (`team::sync`)
   s_scalars = 16
 };
 
@@ -247,8 +248,8 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE bool samples(reclaim_params const& p, int
          std::int64_t(want) * 4 <= limit;
 }
 
-/// Barrier of the first `blocks` blocks of the grid on `counter` (zero before; counts to
-/// `blocks`). The grid is co-resident (cooperative launch), so the wait ends.
+/// Barrier of the team's first `blocks` blocks on `counter` (zero before; counts to
+/// `blocks`). Every member of a team is resident (see `team`), so the wait ends.
 DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void subset_sync(unsigned long long& counter, unsigned blocks)
 {
   __syncthreads();
@@ -258,6 +259,90 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void subset_sync(unsigned long long& coun
     while (c.load(cuda::memory_order_acquire) < blocks) { __nanosleep(32); }
   }
   __syncthreads();
+}
+
+/**
+ * The blocks that run one reclaim together, numbered 0 … size − 1: every block of a
+ * cooperative launch (`reclaim_async`), or the blocks of resolve's reclaim launch that
+ * had started when its team was formed (`join_team`). Every member is resident, so its
+ * barrier ends whatever else the device runs. A member's rank and the team's size stay
+ * fixed for the whole reclaim (a candidate is read in every pass by the thread that read
+ * it first).
+ */
+struct team {
+  unsigned rank;                  ///< this block's index in the team
+  unsigned size;                  ///< blocks in the team
+  unsigned long long* arrivals;   ///< barrier counter (scratch scalar, zero before the reclaim)
+
+  /// Barrier of the team's blocks; their writes before it are visible to all after it.
+  DHISPARSE_DEVICE void sync() const
+  {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> c(*arrivals);
+      __threadfence();
+      unsigned long long const target = (c.fetch_add(1, cuda::memory_order_acq_rel) / size + 1) * size;
+      while (c.load(cuda::memory_order_acquire) < target) { __nanosleep(32); }
+      __threadfence();
+    }
+    __syncthreads();
+  }
+};
+
+/// Words of resolve's team roster (`resolve::workspace_view::roster`): zero before the
+/// reclaim launch, zeroed again by allocate, which follows it.
+enum roster_word : int { r_tickets, r_size, r_want, r_words };
+static_assert(r_words == resolve::roster_words);
+inline constexpr std::uint32_t roster_sealed = 1u << 31;
+
+/// How long the first block of resolve's reclaim waits for the others' tickets before it
+/// seals the team (SM clock cycles, ≈ 16 µs): they all make the same check at once when
+/// every block is resident, so it seals when the last ticket is taken, well before.
+inline constexpr long long team_wait_cycles = 1 << 15;
+
+/**
+ * Forms resolve's reclaim team without ever waiting unboundedly for a block that has not
+ * started: every block that needs the reclaim takes a ticket; the block with ticket 0
+ * seals the roster once every block of the grid has taken one, or after
+ * `team_wait_cycles` — the tickets taken until then are the team — and publishes its size
+ * and its `want`; a block whose ticket comes after the seal leaves. The members that wait
+ * for the seal wait for a block that is running. False in a block that is not a member; a
+ * member gets its rank and the team's `want`.
+ */
+template <int Block>
+DHISPARSE_DEVICE bool join_team(std::uint32_t* roster, unsigned long long* arrivals, int& want, team& members)
+{
+  __shared__ unsigned rank, size;
+  __shared__ int agreed;
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> tickets(roster[r_tickets]);
+    cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> published(roster[r_size]);
+    std::uint32_t const ticket = tickets.fetch_add(1, cuda::memory_order_acq_rel);
+    rank                       = ticket;
+    size                       = 0;
+    if ((ticket & roster_sealed) == 0) {
+      if (ticket == 0) {
+        long long const start = clock64();
+        while (tickets.load(cuda::memory_order_relaxed) < gridDim.x && clock64() - start < team_wait_cycles) {
+          __nanosleep(64);
+        }
+        std::uint32_t const taken = tickets.fetch_or(roster_sealed, cuda::memory_order_acq_rel);  // ≥ 1
+        roster[r_want]            = std::uint32_t(want);
+        published.store(taken, cuda::memory_order_release);
+        size = taken;
+      } else {
+        std::uint32_t seen = 0;
+        while ((seen = published.load(cuda::memory_order_acquire)) == 0) { __nanosleep(32); }
+        size = seen;
+      }
+      agreed = int(roster[r_want]);
+    }
+  }
+  __syncthreads();
+  if (size == 0) { return false; }
+  members = team{rank, size, arrivals};
+  want    = agreed;
+  return true;
 }
 
 /// The bound block 0 publishes (`sample_bound`), in every thread of a block that waits for it.
@@ -317,18 +402,18 @@ DHISPARSE_DEVICE std::uint64_t rank_bound(reclaim_params const& p, std::int64_t 
  * not depend on it (see `run`).
  */
 template <class Eviction, int Block>
-DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, std::int32_t limit)
+DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, std::int32_t limit, team const& t)
 {
   auto const& pool     = p.pool;
   auto* scalars        = reinterpret_cast<unsigned long long*>(p.scratch.scalars);
-  std::int64_t const n = min(std::int64_t(min(limit, p.scratch.sample_slots)), std::int64_t(gridDim.x) * Block);
+  std::int64_t const n = min(std::int64_t(min(limit, p.scratch.sample_slots)), std::int64_t(t.size) * Block);
   auto const samplers  = unsigned((n + Block - 1) / Block);
-  if (blockIdx.x >= samplers) { return await_bound(p); }
+  if (t.rank >= samplers) { return await_bound(p); }
   // Expected sampled rows among the `want` released, and a margin of ~4 standard deviations.
   double const expected = double(want) * double(n) / double(limit);
   auto const rank       = std::int64_t(expected + 4.0 * sqrt(expected) + 8.0);
   auto* range           = reinterpret_cast<unsigned long long*>(p.scratch.sample + sample_bins);
-  std::int64_t const i  = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  std::int64_t const i  = std::int64_t(t.rank) * Block + threadIdx.x;
   bool ok               = false;
   std::uint64_t key     = 0;
   if (i < n) {  // every field loaded at once: one round trip, not one per test
@@ -372,9 +457,9 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
       if (local[b] != 0) { atomicAdd(p.scratch.sample + b, local[b]); }
     }
     subset_sync(scalars[s_sample_sync + 1], samplers);
-    if (blockIdx.x == 0) { bound = rank >= n ? hi : rank_bound<Block>(p, rank, lo, shift); }
+    if (t.rank == 0) { bound = rank >= n ? hi : rank_bound<Block>(p, rank, lo, shift); }
   }
-  if (blockIdx.x != 0) { return await_bound(p); }
+  if (t.rank != 0) { return await_bound(p); }
   if (threadIdx.x == 0) {
     scalars[s_bound] = bound;
     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(scalars[s_sampled])
@@ -396,7 +481,7 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
 template <class Eviction, int Block, int Items>
 DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::uint64_t key_lo, bool above,
                               std::uint64_t key_hi, int* counter, int base, int owner_bits, std::uint64_t& kmin,
-                              std::uint64_t& kmax, std::uint64_t& tmin, std::uint64_t& tmax)
+                              std::uint64_t& kmax, std::uint64_t& tmin, std::uint64_t& tmax, team const& t)
 {
   static_assert(32 * Items <= warp_stage);
   auto* const stage = reinterpret_cast<std::int32_t(*)[warp_stage]>(phase_shared<Block>());
@@ -415,8 +500,8 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
     __syncwarp();
     staged = 0;
   };
-  std::int64_t const stride = std::int64_t(gridDim.x) * Block * Items;
-  for (std::int64_t tile = std::int64_t(blockIdx.x) * Block * Items; tile < limit; tile += stride) {
+  std::int64_t const stride = std::int64_t(t.size) * Block * Items;
+  for (std::int64_t tile = std::int64_t(t.rank) * Block * Items; tile < limit; tile += stride) {
     std::int32_t slot[Items], pos[Items];
     policy_state state[Items];
 #pragma unroll
@@ -476,14 +561,12 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE std::uint64_t tie_of(device_pool_ref cons
  */
 template <int Block>
 DHISPARSE_DEVICE std::uint64_t select_packed(reclaim_params const& p, int n, int t, int bits, std::uint64_t key_lo,
-                                             int tie_bits, std::uint64_t tie_lo, int owner_bits)
+                                             int tie_bits, std::uint64_t tie_lo, int owner_bits, team const& blocks)
 {
-  namespace cg     = cooperative_groups;
-  auto grid        = cg::this_grid();
   auto const& pool = p.pool;
   auto const& s    = p.scratch;
-  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
-  std::int64_t const first   = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  std::int64_t const threads = std::int64_t(blocks.size) * Block;
+  std::int64_t const first   = std::int64_t(blocks.rank) * Block + threadIdx.x;
   constexpr int per_thread   = select_radix / Block;
   static_assert(select_radix % Block == 0);
   using scan = cub::BlockScan<unsigned, Block>;
@@ -521,8 +604,8 @@ DHISPARSE_DEVICE std::uint64_t select_packed(reclaim_params const& p, int n, int
     for (int i = threadIdx.x; i < select_radix; i += Block) {
       if (hist[i] != 0) { atomicAdd(h + i, hist[i]); }
     }
-    grid.sync();
-    if (blockIdx.x == 0) {
+    blocks.sync();
+    if (blocks.rank == 0) {
       for (int i = threadIdx.x; i < select_radix; i += Block) { s.hist[((digit + 2) % 3) * select_radix + i] = 0; }
     }
     // The digit where the running count reaches `rem`, and the count below it.
@@ -548,13 +631,13 @@ DHISPARSE_DEVICE std::uint64_t select_packed(reclaim_params const& p, int n, int
 /// Releases every candidate c < n for which `take(slot, owner)` holds: unmap, free, push
 /// onto the free stack, count. Candidate c is read by the thread that read it in the select.
 template <int Block, class Take>
-DHISPARSE_DEVICE void release_candidates(reclaim_params const& p, int n, Take const& take_of)
+DHISPARSE_DEVICE void release_candidates(reclaim_params const& p, int n, team const& t, Take const& take_of)
 {
   auto const& pool = p.pool;
   auto const& s    = p.scratch;
-  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
+  std::int64_t const threads = std::int64_t(t.size) * Block;
   int released = 0;
-  for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < n; base += threads) {
+  for (std::int64_t base = std::int64_t(t.rank) * Block; base < n; base += threads) {
     std::int64_t const c = base + threadIdx.x;
     bool take            = false;
     std::int32_t slot = -1, owner = -1;
@@ -592,7 +675,7 @@ DHISPARSE_DEVICE void release_candidates(reclaim_params const& p, int n, Take co
  * last buffer is cleared here.
  */
 template <int Block>
-DHISPARSE_DEVICE void reset_scratch(reclaim_params const& p)
+DHISPARSE_DEVICE void reset_scratch(reclaim_params const& p, team const& t)
 {
   auto const& s = p.scratch;
   auto* scalars = reinterpret_cast<unsigned long long*>(s.scalars);
@@ -600,7 +683,7 @@ DHISPARSE_DEVICE void reset_scratch(reclaim_params const& p)
   __syncthreads();  // every thread of the block is done with the scratch
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(scalars + s_done, 1ull) == gridDim.x - 1;
+    last = atomicAdd(scalars + s_done, 1ull) == t.size - 1;
   }
   __syncthreads();
   if (!last) { return; }
@@ -613,16 +696,14 @@ DHISPARSE_DEVICE void reset_scratch(reclaim_params const& p)
 }
 
 template <class Eviction, int Block>
-DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
+DHISPARSE_DEVICE void run(reclaim_params const& p, int want, team const& blocks)
 {
-  namespace cg     = cooperative_groups;
-  auto grid        = cg::this_grid();
   auto const& pool = p.pool;
   auto const& s    = p.scratch;
   bool const fair  = p.order == reclaim_order::fair_share;
   int const owner_bits = max(1, resolve::bit_width(std::uint64_t(max(pool.max_requests - 1, 1))));
-  std::int64_t const threads = std::int64_t(gridDim.x) * Block;
-  std::int64_t const first   = std::int64_t(blockIdx.x) * Block + threadIdx.x;
+  std::int64_t const threads = std::int64_t(blocks.size) * Block;
+  std::int64_t const first   = std::int64_t(blocks.rank) * Block + threadIdx.x;
   auto* count                = reinterpret_cast<int*>(s.scalars + s_candidates);
   auto* scalars              = reinterpret_cast<unsigned long long*>(s.scalars);
   __shared__ unsigned hist[256];
@@ -656,17 +737,18 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
       atomicMax(scalars + s_tie_max, tmax);
     }
   };
-  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit) : ~0ull;
-  collect<Eviction, Block, 4>(p, limit, 0, false, bound, count, 0, owner_bits, my_kmin, my_kmax, my_tmin, my_tmax);
+  std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit, blocks) : ~0ull;
+  collect<Eviction, Block, 4>(p, limit, 0, false, bound, count, 0, owner_bits, my_kmin, my_kmax, my_tmin, my_tmax,
+                              blocks);
   publish_bounds();
-  grid.sync();
+  blocks.sync();
   if (bound != ~0ull) {
     int const in_bound = __ldcg(count);  // nothing appends to *count any more
     if (in_bound < want) {
       collect<Eviction, Block, 4>(p, limit, bound, true, ~0ull, reinterpret_cast<int*>(s.scalars + s_rest), in_bound,
-                                  owner_bits, my_kmin, my_kmax, my_tmin, my_tmax);
+                                  owner_bits, my_kmin, my_kmax, my_tmin, my_tmax, blocks);
       publish_bounds();
-      grid.sync();
+      blocks.sync();
     }
   }
 
@@ -683,18 +765,18 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
       std::uint64_t threshold = ~0ull;  // every candidate when t = n
       if (t < n) {
         threshold = select_packed<Block>(p, n, t, packed_key_bits + packed_tie_bits, key_lo, packed_tie_bits, tie_lo,
-                                         owner_bits);
+                                         owner_bits, blocks);
       }
-      release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t) {
+      release_candidates<Block>(p, n, blocks, [&](std::int32_t slot, std::int32_t) {
         return t >= n || pool.keys[slot] <= threshold;
       });
-      reset_scratch<Block>(p);
+      reset_scratch<Block>(p, blocks);
       return;
     }
   }
 
   // 2. Targets.
-  if (blockIdx.x == 0) {
+  if (blocks.rank == 0) {
     if (fair) {
       fair_targets<Block>(p, want);
     } else if (threadIdx.x == 0) {
@@ -713,7 +795,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
     s.prefix[2 * g]     = key_base;
     s.prefix[2 * g + 1] = tie_base;
   }
-  grid.sync();
+  blocks.sync();
 
   // 3. Radix select per segment: key digits, then tie-break digits.
   auto const segment_of = [&](std::int32_t slot) { return fair ? pool.owner[slot] : 0; };
@@ -753,9 +835,9 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
           if (hist[i] != 0) { atomicAdd(h + i, hist[i]); }
         }
       }
-      grid.sync();
+      blocks.sync();
       if (threadIdx.x < 32) {
-        for (int g = blockIdx.x; g < s.segments; g += gridDim.x) {
+        for (int g = int(blocks.rank); g < s.segments; g += int(blocks.size)) {
           std::int32_t* rec = s.segment + g * f_fields;
           if (rec[f_mode] != active_mode) { continue; }
           unsigned* gh = h + std::size_t(g) * 256;
@@ -771,7 +853,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
           }
         }
       }
-      grid.sync();
+      blocks.sync();
     }
     if (level == 0) {
       // Threshold key found: release all its rows, or select among them by tie-break.
@@ -782,11 +864,11 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
         rec[f_mode]    = rec[f_remaining] == ties ? mode_le_key : mode_tie;
         if (rec[f_mode] == mode_tie) { atomicOr(reinterpret_cast<int*>(scalars + s_any_tie), 1); }
       }
-      grid.sync();
+      blocks.sync();
       if (scalars[s_any_tie] == 0) { break; }
       // The tie-break passes read only the candidates at their segment's threshold key.
       auto* ties = reinterpret_cast<int*>(scalars + s_ties);
-      for (std::int64_t base = std::int64_t(blockIdx.x) * Block; base < n; base += threads) {
+      for (std::int64_t base = std::int64_t(blocks.rank) * Block; base < n; base += threads) {
         std::int64_t const c = base + threadIdx.x;
         std::int32_t slot    = -1;
         bool tied            = false;
@@ -798,12 +880,12 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
         int const at = block_append<Block>(ties, tied);
         if (tied) { s.ties[at] = slot; }
       }
-      grid.sync();
+      blocks.sync();
     }
   }
 
   // 4. Release.
-  release_candidates<Block>(p, n, [&](std::int32_t slot, std::int32_t owner) {
+  release_candidates<Block>(p, n, blocks, [&](std::int32_t slot, std::int32_t owner) {
     int const g               = fair ? owner : 0;
     std::int32_t const* rec   = s.segment + g * f_fields;
     std::uint64_t const key   = pool.keys[slot];
@@ -817,7 +899,7 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want)
   });
 
   // 5. Scratch back to zero for the next reclaim.
-  reset_scratch<Block>(p);
+  reset_scratch<Block>(p, blocks);
 }
 
 /// Explicit reclaim: up to `target_free` free slots.
@@ -825,20 +907,25 @@ template <class Eviction, int Block>
 DHISPARSE_KERNEL void __launch_bounds__(Block, 2) reclaim_kernel(reclaim_params p)
 {
   int const want = p.target_free - *p.pool.free_count;
-  if (want > 0) { run<Eviction, Block>(p, want); }
+  auto* const arrivals = reinterpret_cast<unsigned long long*>(p.scratch.scalars) + s_team_sync;
+  if (want > 0) { run<Eviction, Block>(p, want, team{blockIdx.x, gridDim.x, arrivals}); }
 }
 
-/// Reclaim inside resolve: when the step's new rows would leave fewer than `low_watermark`
-/// free slots, release what they need plus `batch_extra`.
+/// Reclaim inside resolve, a programmatic dependent of lookup (not a cooperative launch:
+/// those are not started early): when the step's new rows would leave fewer than
+/// `low_watermark` free slots, the blocks that have started by then release what the rows
+/// need plus `batch_extra`; otherwise every block returns after the check.
 template <class Eviction, int Block>
 DHISPARSE_KERNEL void __launch_bounds__(Block, 2)
   resolve_reclaim_kernel(reclaim_params p, resolve::request_need const* need, std::uint32_t const* epoch,
-                         step_batch_ref batch, std::int32_t low_watermark, std::int32_t batch_extra)
+                         std::uint32_t* roster, step_batch_ref batch, std::int32_t low_watermark,
+                         std::int32_t batch_extra)
 {
   using reduce = cub::BlockReduce<long long, Block>;
   __shared__ typename reduce::TempStorage temp;
   __shared__ long long rows;
-  launch_dependents();  // allocate waits for this grid on the device
+  launch_dependents();       // allocate waits for this grid on the device
+  wait_for_prerequisites();  // lookup's needs and epoch
   int const size = *batch.size;
   long long mine = 0;
   for (int b = threadIdx.x; b < size; b += Block) {
@@ -846,17 +933,26 @@ DHISPARSE_KERNEL void __launch_bounds__(Block, 2)
     mine += max(0, need[b].misses + need[b].tails - spares);
   }
   long long const sum = reduce(temp).Sum(mine);
-  if (threadIdx.x == 0) { rows = sum; }
+  // One read of the free count for the block: a block that starts late may read it while a
+  // team releases rows, and its threads must agree on whether to join.
+  if (threadIdx.x == 0) { rows = sum + low_watermark - *p.pool.free_count; }
   __syncthreads();
-  long long const short_by = rows + low_watermark - *p.pool.free_count;
+  long long const short_by = rows;
   if (short_by <= 0) { return; }
+  int want = int(min(short_by + batch_extra, (long long)p.pool.num_slots));
+  team members{};
+  if (!join_team<Block>(roster, reinterpret_cast<unsigned long long*>(p.scratch.scalars) + s_team_sync, want,
+                        members)) {
+    return;
+  }
   p.pin_epoch = *epoch;
-  run<Eviction, Block>(p, int(min(short_by + batch_extra, (long long)p.pool.num_slots)));
+  run<Eviction, Block>(p, want, members);
 }
 
-/// Blocks of a cooperative launch of `kernel` that fit on the current device at once.
+/// Blocks of `kernel` that fit on the current device at once (a cooperative launch's
+/// most; resolve's reclaim launches as many, so that every block can join its team).
 template <class Kernel>
-int cooperative_blocks(Kernel kernel, int block)
+int resident_blocks(Kernel kernel, int block)
 {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -902,7 +998,7 @@ cudaError_t reclaim_async(reclaim_params const& params, cudaStream_t stream)
   namespace rc = detail::reclaim;
   if (!reclaim_params_problem(params).empty()) { return cudaErrorInvalidValue; }
   auto kernel      = rc::reclaim_kernel<Eviction, rc::block_size>;
-  int const blocks = params.blocks > 0 ? params.blocks : rc::cooperative_blocks(kernel, rc::block_size);
+  int const blocks = params.blocks > 0 ? params.blocks : rc::resident_blocks(kernel, rc::block_size);
   if (blocks <= 0) { return cudaErrorInvalidConfiguration; }
   reclaim_params p = params;
   void* args[]     = {&p};

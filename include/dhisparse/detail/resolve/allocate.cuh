@@ -347,7 +347,12 @@ DHISPARSE_KERNEL void __launch_bounds__(Block) allocate_kernel(resolve_params p,
   wait_for_prerequisites();  // launched early (programmatic dependent launch)
   launch_dependents();       // the gather of resolve_and_retrieve waits for this grid
   std::uint32_t const epoch = *w.epoch;
-  if (blockIdx.x == 0 && threadIdx.x == 0) { *p.pool.epoch = epoch; }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *p.pool.epoch = epoch;
+    if constexpr (Budget::kind == budget_kind::shared && Budget::reclaim != reclaim_order::none) {
+      for (int i = 0; i < roster_words; ++i) { w.roster[i] = 0; }  // every block of the reclaim has ended
+    }
+  }
   int const batch          = *p.batch.size;
   rescan_stage const stage = rescan_stage::of_launch();
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {

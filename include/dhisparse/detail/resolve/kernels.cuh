@@ -1,7 +1,7 @@
 /**
  * @file detail/resolve/kernels.cuh
  * @brief Launch of `resolve_async` (see resolve.cuh for the contract): `lookup`, the
- *        cooperative reclaim of shared budgets, `allocate`.
+ *        reclaim of shared budgets, `allocate`.
  */
 #pragma once
 
@@ -104,7 +104,7 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
   if constexpr (reclaims) {
     auto kernel = rc::resolve_reclaim_kernel<Eviction, rc::block_size>;
     int const blocks =
-      params.reclaim_blocks > 0 ? params.reclaim_blocks : rc::cooperative_blocks(kernel, rc::block_size);
+      params.reclaim_blocks > 0 ? params.reclaim_blocks : rc::resident_blocks(kernel, rc::block_size);
     if (blocks <= 0) { return cudaErrorInvalidConfiguration; }
     reclaim_params rp{};
     rp.pool     = params.pool;
@@ -114,15 +114,11 @@ cudaError_t resolve_async(resolve_params const& params, void* workspace, std::si
     rp.floors   = b.floors;
     rp.order    = Budget::reclaim;
     rp.blocks   = blocks;
-    rd::request_need const* need = w.need;
-    std::uint32_t const* epoch   = w.epoch;
-    step_batch_ref batch         = b;
-    std::int32_t low             = params.reclaim_low_watermark;
-    std::int32_t extra           = params.reclaim_batch;
-    void* args[]                 = {&rp, &need, &epoch, &batch, &low, &extra};
-    cudaError_t const launched   = cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel),
-                                                               dim3(unsigned(blocks)), dim3(rc::block_size), args,
-                                                               0, stream);
+    // Not a cooperative launch (those are not started early): the blocks that have started
+    // when a reclaim is found needed form its team (reclaim::join_team).
+    cudaError_t const launched = detail::launch_dependent(kernel, unsigned(blocks), rc::block_size, stream, rp, w.need,
+                                                          w.epoch, w.roster, b, params.reclaim_low_watermark,
+                                                          params.reclaim_batch);
     if (launched != cudaSuccess) { return launched; }
   }
   // Per-request victim search by key: the rescan keeps as much of an owned list in shared

@@ -44,6 +44,9 @@ struct request_need {
  * @brief Views into the caller's workspace. The bitmaps must be zero before the first
  *        resolve (the owner clears the workspace once); every resolve leaves them zero.
  */
+/// Words of `workspace_view::roster` (reclaim::roster_word names them).
+inline constexpr int roster_words = 3;
+
 struct workspace_view {
   std::uint32_t* miss_bits;     ///< [max_batch][bitmap_words] one bit per missed position
   std::uint32_t* miss_words;    ///< [max_batch][summary_words] one bit per non-zero word above
@@ -51,6 +54,7 @@ struct workspace_view {
   std::int32_t* scratch;        ///< [max_batch][entries + max_queries] word lists, victims
   request_need* need;           ///< [max_batch], zero between resolves
   std::uint32_t* epoch;         ///< scalar: the epoch of this resolve
+  std::uint32_t* roster;        ///< [3] reclaim's team (reclaim::roster_word), zero between resolves
   std::int64_t bitmap_words;
   std::int64_t summary_words;
   std::int64_t entries;         ///< max_queries × top_k
@@ -77,7 +81,8 @@ inline workspace_view carve(void* workspace, int max_batch, int max_queries, int
   // What must stay zero between resolves comes first, at offsets that do not depend on
   // this call's top_k (calls with different K share the workspace).
   v.need       = reinterpret_cast<request_need*>(take(b * sizeof(request_need)));
-  v.epoch      = reinterpret_cast<std::uint32_t*>(take(sizeof(std::uint32_t)));
+  v.epoch      = reinterpret_cast<std::uint32_t*>(take((1 + roster_words) * sizeof(std::uint32_t)));
+  v.roster     = v.epoch + 1;
   v.miss_bits  = reinterpret_cast<std::uint32_t*>(take(b * std::size_t(v.bitmap_words) * 4));
   v.miss_words = reinterpret_cast<std::uint32_t*>(take(b * std::size_t(v.summary_words) * 4));
   v.misses     = reinterpret_cast<std::int32_t*>(take(b * std::size_t(v.entries) * 4));
