@@ -10,8 +10,13 @@
 #       on the device machine: unpacks the bundle once and runs the parts, writing logs,
 #       JSON and a summary under $OUT (default: ./gpu-out). Parts:
 #         tests        every GPU test (or those whose name matches $TESTS and not
-#                      $TESTS_SKIP), $TEST_TIMEOUT_S each (default 240), one log per
-#                      test; summary lines
+#                      $TESTS_SKIP), $TEST_TIMEOUT_S each (default 240), $TEST_JOBS at
+#                      a time (default 1; the longest tests first), one log per test;
+#                      summary lines
+#         checks       tests and memcheck at once (the sanitizers in the background):
+#                      with TEST_JOBS=3 every GPU test and the sanitizers of the
+#                      hierarchy/residency tests fit one call (≈ 400 s on an H100;
+#                      test_hierarchy_gpu needs ≈ 300 s of it beside the others)
 #         memcheck     compute-sanitizer memcheck and racecheck over the GPU tests matching
 #                      $SANITIZE_TESTS (default: all; scripts/sanitize_gpu.sh --binaries, its
 #                      SANITIZE_* settings apply; small traces)
@@ -38,10 +43,11 @@
 #       come back as tests-logs.tar.gz, sanitize-logs.tar.gz, repeat-logs.tar.gz and
 #       ab-logs.tar.gz.
 #
-# Example (three calls fit 30 device minutes with room to spare):
+# Example (a call costs ≈ 120 s of device time beyond its run — start and transfers — so
+# three calls fit the 30 device minutes of a session):
 #   scripts/gpu_session.sh pack build devbin                     # here, after a full build
-#   run: bash scripts/gpu_session.sh run tests                   carry: ["devbin"]
-#   run: bash scripts/gpu_session.sh run memcheck                carry: ["devbin"]
+#   run: TEST_JOBS=3 SANITIZE_TESTS='test_hierarchy_gpu|test_residency_gpu' \
+#        bash scripts/gpu_session.sh run checks                  carry: ["devbin"]
 #   run: bash scripts/gpu_session.sh run retrieval resolve verify carry: ["devbin"]
 #   run: bash scripts/gpu_session.sh run phases serving           carry: ["devbin"]
 # A/B of resolve against another revision (one call):
@@ -107,6 +113,39 @@ pack() {
   rm -rf "$stage"
 }
 
+# Every GPU test of the bundle (or those matching $TESTS and not $TESTS_SKIP), $TEST_JOBS at a
+# time (default 1), the longest first, $TEST_TIMEOUT_S each; one summary line per test.
+run_tests() {
+  local bin=$1 out=$2 start=$3 deadline=$4 t
+  mkdir -p "$out/tests"
+  local order=() first=(test_hierarchy_gpu test_soak_gpu test_residency_gpu test_verify_gpu test_speculative_decode_gpu)
+  for t in "${first[@]}"; do [ -x "$bin/$t" ] && order+=("$bin/$t"); done
+  for t in "$bin"/test_*gpu*; do [[ " ${first[*]} " == *" $(basename "$t") "* ]] || order+=("$t"); done
+  for t in "${order[@]}"; do  # a pipeline's subshell: its jobs are the tests
+    local name
+    name=$(basename "$t")
+    [[ -z "${TESTS:-}" || "$name" =~ ${TESTS:-} ]] || continue
+    [[ -z "${TESTS_SKIP:-}" || ! "$name" =~ ${TESTS_SKIP:-} ]] || continue
+    while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-1}" ]; do wait -n || true; done
+    if [ $((SECONDS - start)) -ge "$deadline" ]; then echo "deadline: $name not started"; continue; fi
+    (
+      rc=0
+      cd "$out/tests" && timeout "${TEST_TIMEOUT_S:-240}" "$t" > "$name.log" 2>&1 || rc=$?
+      echo "$name rc=$rc $(grep -E 'All tests passed|test cases:|assertions:' "$out/tests/$name.log" | tail -1)"
+    ) &
+  done 2>&1 | tee "$out/tests_summary.txt"
+}
+
+# compute-sanitizer over the bundle's GPU tests (scripts/sanitize_gpu.sh --binaries; its
+# SANITIZE_* settings apply), ending before the part's deadline.
+run_sanitizers() {
+  local bundle=$1 bin=$2 out=$3 start=$4 deadline=$5
+  SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck"} SANITIZE_SPLIT=${SANITIZE_SPLIT:-'test_hierarchy_gpu|test_verify_gpu|test_residency_gpu'} \
+  SANITIZE_JOBS=${SANITIZE_JOBS:-8} \
+  SANITIZE_DEADLINE_S=$((deadline - (SECONDS - start))) SANITIZE_LOGS="$out/sanitize" \
+    bash "$bundle/sanitize_gpu.sh" --binaries "$bin"
+}
+
 run_parts() {
   local bundle=devbin parts=()
   while [ $# -gt 0 ]; do
@@ -126,23 +165,19 @@ run_parts() {
     echo "== $part"
     case $part in
       tests)
-        mkdir -p "$out/tests"
-        for t in "$bin"/test_*gpu*; do
-          [[ -z "${TESTS:-}" || "$(basename "$t")" =~ ${TESTS:-} ]] || continue
-          [[ -z "${TESTS_SKIP:-}" || ! "$(basename "$t")" =~ ${TESTS_SKIP:-} ]] || continue
-          [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline: $(basename "$t") not started"; continue; }
-          local name rc
-          name=$(basename "$t")
-          rc=0
-          (cd "$out/tests" && timeout ${TEST_TIMEOUT_S:-240} "$t" > "$name.log" 2>&1) || rc=$?
-          echo "$name rc=$rc $(grep -E 'All tests passed|test cases:|assertions:' "$out/tests/$name.log" | tail -1)"
-        done | tee "$out/tests_summary.txt"
+        run_tests "$bin" "$out" "$start" "$deadline"
+        ;;
+      checks)
+        # The sanitizers beside the tests: one call holds both (the device has CPU cores
+        # to spare; compute-sanitizer is bound by them).
+        run_sanitizers "$bundle" "$bin" "$out" "$start" "$deadline" > "$out/sanitize_summary.txt" 2>&1 &
+        local sanitizers=$!
+        run_tests "$bin" "$out" "$start" "$deadline"
+        wait "$sanitizers" || true
+        grep -vE '^\s*$' "$out/sanitize_summary.txt" | tail -60
         ;;
       memcheck)
-        SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck"} SANITIZE_SPLIT=${SANITIZE_SPLIT:-'test_hierarchy_gpu|test_verify_gpu|test_residency_gpu'} \
-        SANITIZE_JOBS=${SANITIZE_JOBS:-8} \
-        SANITIZE_DEADLINE_S=$((deadline - (SECONDS - start))) SANITIZE_LOGS="$out/sanitize" \
-          bash "$bundle/sanitize_gpu.sh" --binaries "$bin" 2>&1 | tee "$out/sanitize_summary.txt" || true
+        run_sanitizers "$bundle" "$bin" "$out" "$start" "$deadline" 2>&1 | tee "$out/sanitize_summary.txt" || true
         ;;
       retrieval)
         "$bin/bench_retrieval_overlap" --json "$out/retrieval_overlap.json" > "$out/retrieval_overlap.txt" 2>&1 || true
@@ -241,5 +276,5 @@ run_parts() {
 case ${1:-} in
   pack) shift; pack "$@" ;;
   run) shift; run_parts "$@" ;;
-  *) sed -n '2,47p' "$0"; exit 2 ;;
+  *) sed -n '2,55p' "$0"; exit 2 ;;
 esac
