@@ -28,8 +28,10 @@
 #                      unless PACK_PROBES=0, only those named in $PROBES when set) at
 #                      --batches 1,128: where resolve's time goes
 #         ab           resolve A/B: bench_resolve of the revision packed with AB_BASE=REV
-#                      ("base") and of this tree ("new"), alternating $AB_REPS times
-#                      (default 2), then the phase probe of each when packed; prints one
+#                      ("base"), of this tree ("new") and of HEAD + patches packed with
+#                      AB_PATCHES="name=a.patch[+b.patch] …", alternating $AB_REPS times
+#                      (default 2), then the phase probe of base and new when packed and
+#                      the reclaim phase probes (packed with AB_RECLAIM=1); prints one
 #                      side-by-side table (scripts/lib/resolve_ab.py, also ab_table.txt)
 #                      after the probes' phase lines, so that it ends the output; the
 #                      runs' JSON and logs travel as ab-logs.tar.gz (8 files come back)
@@ -52,6 +54,11 @@
 #   run: bash scripts/gpu_session.sh run phases serving           carry: ["devbin"]
 # A/B of resolve against another revision (one call):
 #   AB_BASE=main~1 scripts/gpu_session.sh pack build devbin
+#   run: bash scripts/gpu_session.sh run ab                      carry: ["devbin"]
+# A/B of candidate patches, reclaim phases included (one call):
+#   AB_PATCHES="free=docs/patches/reclaim_free_slot_state.patch \
+#     sample=docs/patches/reclaim_free_slot_state.patch+docs/patches/reclaim_sample_state_only.patch" \
+#     AB_RECLAIM=1 scripts/gpu_session.sh pack build devbin
 #   run: bash scripts/gpu_session.sh run ab                      carry: ["devbin"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +110,31 @@ pack() {
     fi
     git worktree remove --force "$wt"
     echo "pack: bench_resolve of $AB_BASE as bench_resolve_base"
+  fi
+  # `ab`: bench_resolve of HEAD with patches applied, one variant per AB_PATCHES word
+  # "name=a.patch[+b.patch…]" (applied in order), as bench_resolve_v_<name>; with AB_RECLAIM=1
+  # also the reclaim phase probe of this tree and of each variant.
+  local spec
+  for spec in ${AB_PATCHES:-}; do
+    local name=${spec%%=*} patches=${spec#*=} wt patch
+    wt=/tmp/gpu_session_v_$name
+    git worktree remove --force "$wt" 2>/dev/null || true
+    git worktree add -f --detach "$wt" HEAD > /dev/null
+    for patch in ${patches//+/ }; do git -C "$wt" apply "$PWD/$patch"; done
+    cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDHISPARSE_BUILD_TESTS=OFF \
+      -DDHISPARSE_BUILD_EXAMPLES=OFF -DDHISPARSE_BUILD_TOOLS=OFF > /dev/null
+    ninja -C "$wt/build" bench_resolve > /dev/null
+    cp "$(find "$wt/build" -type f -name bench_resolve -perm -u+x | head -1)" "$stage/bench_resolve_v_$name"
+    if [ "${AB_RECLAIM:-0}" = 1 ]; then
+      cp "$(/usr/bin/python3 "$wt/scripts/probes/reclaim_phases.py" "$wt" "/tmp/gpu_session_reclaim_v_$name" | tail -1)" \
+        "$stage/bench_reclaim_phases_v_$name"
+    fi
+    git worktree remove --force "$wt"
+    echo "pack: bench_resolve of HEAD + $patches as bench_resolve_v_$name"
+  done
+  if [ "${AB_RECLAIM:-0}" = 1 ]; then
+    cp "$(/usr/bin/python3 scripts/probes/reclaim_phases.py . /tmp/gpu_session_reclaim_new | tail -1)" \
+      "$stage/bench_reclaim_phases_new"
   fi
   cp scripts/lib/resolve_ab.py "$stage/"
   strip "$stage"/* 2>/dev/null || true
@@ -224,14 +256,19 @@ run_parts() {
         grep -E "dense|candidate|one-hot|copy" "$out/verify_tail.txt" | head -120
         ;;
       ab)
-        [ -x "$bin/bench_resolve_base" ] || { echo "ab: pack with AB_BASE=REV first"; continue; }
+        # Variants: base (AB_BASE), new (this tree), and one per AB_PATCHES word.
+        local rep v runs=() ab=$out/ab variants=() f
+        [ -x "$bin/bench_resolve_base" ] && variants+=(base)
+        variants+=(new)
+        for f in "$bin"/bench_resolve_v_*; do [ -x "$f" ] && variants+=("${f##*/bench_resolve_v_}"); done
+        [ ${#variants[@]} -ge 2 ] || { echo "ab: pack with AB_BASE=REV or AB_PATCHES first"; continue; }
         # The runs' files go to ab/ (archived below: the device tool returns 8 files).
-        local rep v runs=() ab=$out/ab
         mkdir -p "$ab"
         for rep in $(seq 1 "${AB_REPS:-2}"); do
-          for v in base new; do
-            local exe=$bin/bench_resolve
-            [ "$v" = new ] || exe=$bin/bench_resolve_base
+          for v in "${variants[@]}"; do
+            local exe=$bin/bench_resolve_v_$v
+            [ "$v" != new ] || exe=$bin/bench_resolve
+            [ "$v" != base ] || exe=$bin/bench_resolve_base
             [ $((SECONDS - start)) -lt "$deadline" ] || { echo "deadline: $v $rep not run"; continue; }
             timeout 200 "$exe" --batches "${AB_BATCHES:-1,128}" --json "$ab/resolve_${v}$rep.json" \
               > "$ab/resolve_${v}$rep.txt" 2>&1 && runs+=("$ab/resolve_${v}$rep.json") || echo "ab: $v $rep failed"
@@ -247,6 +284,13 @@ run_parts() {
           awk '/^(static|adaptive)/{print "  ->",$1,$2,$3,$4,$6} /phases R/{on=1; print; next} /phases F/{on=0}
                on && /lookup end|reclaim|past wait|misses listed|slots taken|victims found|rows mapped|table filled|allocate end/{print}' \
             "$ab/resolve_phases_$v.txt"
+        done
+        for f in "$bin"/bench_reclaim_phases_*; do
+          [ -x "$f" ] && [ $((SECONDS - start)) -lt "$deadline" ] || continue
+          v=${f##*/bench_reclaim_phases_}
+          "$f" --batches 128 > "$ab/reclaim_phases_$v.txt" 2>&1 || true
+          echo "-- reclaim phases, ${v#v_}"
+          grep -E "trace us|^reclaim of" "$ab/reclaim_phases_$v.txt" | tail -6
         done
         # The table last, so that the end of the output (what the device tool shows) has it.
         [ ! -f "$out/ab_table.txt" ] || cat "$out/ab_table.txt"
@@ -276,5 +320,5 @@ run_parts() {
 case ${1:-} in
   pack) shift; pack "$@" ;;
   run) shift; run_parts "$@" ;;
-  *) sed -n '2,55p' "$0"; exit 2 ;;
+  *) sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d'; exit 2 ;;
 esac
