@@ -923,7 +923,7 @@ DHISPARSE_KERNEL void __launch_bounds__(Block, 2)
 {
   using reduce = cub::BlockReduce<long long, Block>;
   __shared__ typename reduce::TempStorage temp;
-  __shared__ long long rows;
+  __shared__ long long short_by;
   launch_dependents();       // allocate waits for this grid on the device
   wait_for_prerequisites();  // lookup's needs and epoch
   int const size = *batch.size;
@@ -935,9 +935,8 @@ DHISPARSE_KERNEL void __launch_bounds__(Block, 2)
   long long const sum = reduce(temp).Sum(mine);
   // One read of the free count for the block: a block that starts late may read it while a
   // team releases rows, and its threads must agree on whether to join.
-  if (threadIdx.x == 0) { rows = sum + low_watermark - *p.pool.free_count; }
+  if (threadIdx.x == 0) { short_by = sum + low_watermark - *p.pool.free_count; }
   __syncthreads();
-  long long const short_by = rows;
   if (short_by <= 0) { return; }
   int want = int(min(short_by + batch_extra, (long long)p.pool.num_slots));
   team members{};

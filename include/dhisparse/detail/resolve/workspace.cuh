@@ -40,13 +40,13 @@ struct request_need {
   std::int32_t tail_selections;  ///< entries that name a tail row (left pending)
 };
 
+/// Words of `workspace_view::roster` (reclaim::roster_word names them).
+inline constexpr int roster_words = 3;
+
 /**
  * @brief Views into the caller's workspace. The bitmaps must be zero before the first
  *        resolve (the owner clears the workspace once); every resolve leaves them zero.
  */
-/// Words of `workspace_view::roster` (reclaim::roster_word names them).
-inline constexpr int roster_words = 3;
-
 struct workspace_view {
   std::uint32_t* miss_bits;     ///< [max_batch][bitmap_words] one bit per missed position
   std::uint32_t* miss_words;    ///< [max_batch][summary_words] one bit per non-zero word above
@@ -54,7 +54,7 @@ struct workspace_view {
   std::int32_t* scratch;        ///< [max_batch][entries + max_queries] word lists, victims
   request_need* need;           ///< [max_batch], zero between resolves
   std::uint32_t* epoch;         ///< scalar: the epoch of this resolve
-  std::uint32_t* roster;        ///< [3] reclaim's team (reclaim::roster_word), zero between resolves
+  std::uint32_t* roster;        ///< [roster_words] reclaim's team (reclaim::roster_word), zero between resolves
   std::int64_t bitmap_words;
   std::int64_t summary_words;
   std::int64_t entries;         ///< max_queries × top_k
