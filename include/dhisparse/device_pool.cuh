@@ -68,6 +68,16 @@ struct victim_cache_ref {
 static_assert(std::is_trivially_copyable_v<victim_cache_ref>);
 
 /**
+ * Policy state of a slot that holds no row. It is the largest key of the policies whose
+ * key is their state (`key_is_state_v`, LRU): reclaim's candidate pass, which reads only
+ * states for those, then finds free slots above every key bound without reading their
+ * owner or position (with 0, a free slot's key would be the smallest and each would cost
+ * a dependent load). Every row's state comes from `on_insert`, so nothing reads this
+ * value as a policy's state.
+ */
+inline constexpr policy_state free_slot_state = ~policy_state{0};
+
+/**
  * @brief Trivially copyable device view of one group's `device_pool`.
  */
 struct device_pool_ref {
@@ -77,7 +87,7 @@ struct device_pool_ref {
   // Slot metadata, [num_slots] each.
   std::int32_t* owner;          ///< request index, -1 = free
   std::int32_t* position;       ///< position, -1 = empty
-  policy_state* state;          ///< eviction policy state
+  policy_state* state;          ///< eviction policy state (`free_slot_state` when free)
   std::uint32_t* touched;       ///< epoch of the last selection
   std::uint32_t* dirty;         ///< 1 = no host copy yet
   std::uint32_t* sel_count;     ///< per-step selection count accumulator, 0 between kernels

@@ -22,7 +22,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) init_pool_kernel(device_pool_
   for (std::int64_t i = first; i < pool.num_slots; i += stride) {
     pool.owner[i]     = -1;
     pool.position[i]  = -1;
-    pool.state[i]     = 0;
+    pool.state[i]     = free_slot_state;
     pool.keys[i]      = 0;  // the victim rescan loads a key beside its position, also of empty slots
     pool.touched[i]   = 0;
     pool.dirty[i]     = 0;

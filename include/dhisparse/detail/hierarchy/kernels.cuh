@@ -29,7 +29,7 @@ DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void clear_slot(device_pool_ref const& po
 {
   pool.owner[slot]    = -1;
   pool.position[slot] = -1;
-  pool.state[slot]    = 0;
+  pool.state[slot]    = free_slot_state;
   pool.touched[slot]  = 0;
   pool.dirty[slot]    = 0;
 }
