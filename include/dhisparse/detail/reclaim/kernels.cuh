@@ -387,11 +387,14 @@ DHISPARSE_DEVICE std::uint64_t rank_bound(reclaim_params const& p, std::int64_t 
  * Global order: a key bound such that, by a strided sample of `sample_slots` slots, the
  * eligible rows with key ≤ bound outnumber `want` with a margin (~0: no useful bound — the
  * sample says too few are eligible; a sample too small to estimate the rank gives its
- * largest key), in every block. The first blocks sample one slot per thread (all five
- * fields loaded at once) and build the key range, then a histogram over it in
- * `scratch.sample`, with barriers among themselves only; block 0 places the rank and
- * publishes the bound, which the other blocks wait for — no grid barrier. Exactness does
- * not depend on it (see `run`).
+ * largest key), in every block. The first blocks sample one slot per thread and build the
+ * key range, then a histogram over it in `scratch.sample`, with barriers among themselves
+ * only; block 0 places the rank and publishes the bound, which the other blocks wait for —
+ * no grid barrier. Exactness does not depend on it (see `run`). Where the key is the
+ * state (LRU) a sampled slot loads its state alone and counts when it holds a row
+ * (`free_slot_state` otherwise): the rows that are not eligible — dirty or selected this
+ * step, the newest — have the largest keys, far from the bound, which lies among the
+ * oldest. Other policies load the five fields.
  */
 template <class Eviction, int Block>
 DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, std::int32_t limit, team const& t)
@@ -408,13 +411,19 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   std::int64_t const i  = std::int64_t(t.rank) * Block + threadIdx.x;
   bool ok               = false;
   std::uint64_t key     = 0;
-  if (i < n) {  // every field loaded at once: one round trip, not one per test
-    auto const slot           = std::int32_t(i * limit / n);
-    std::int32_t const owner  = pool.owner[slot], pos = pool.position[slot];
-    std::uint32_t const dirty = pool.dirty[slot], touched = pool.touched[slot];
-    policy_state const state  = pool.state[slot];
-    ok                        = eligible(owner, pos, dirty, touched, p.pin_epoch);
-    key                       = Eviction::eviction_key(state, pos);
+  if (i < n) {
+    auto const slot = std::int32_t(i * limit / n);
+    if constexpr (key_is_state_v<Eviction>) {
+      policy_state const state = pool.state[slot];
+      ok                       = state != free_slot_state;
+      key                      = Eviction::eviction_key(state, -1);
+    } else {  // every field loaded at once: one round trip, not one per test
+      std::int32_t const owner  = pool.owner[slot], pos = pool.position[slot];
+      std::uint32_t const dirty = pool.dirty[slot], touched = pool.touched[slot];
+      policy_state const state  = pool.state[slot];
+      ok                        = eligible(owner, pos, dirty, touched, p.pin_epoch);
+      key                       = Eviction::eviction_key(state, pos);
+    }
   }
   __shared__ unsigned long long block_lo, block_hi;
   unsigned* const local = phase_shared<Block>();
