@@ -57,9 +57,9 @@
 #   AB_BASE=main~1 scripts/gpu_session.sh pack build devbin
 #   run: bash scripts/gpu_session.sh run ab                      carry: ["devbin"]
 # A/B of candidate patches, reclaim phases included (one call):
-#   AB_PATCHES="free=docs/patches/reclaim_free_slot_state.patch \
-#     sample=docs/patches/reclaim_free_slot_state.patch+docs/patches/reclaim_sample_state_only.patch" \
+#   AB_PATCHES="one=docs/patches/a.patch two=docs/patches/a.patch+docs/patches/b.patch" \
 #     AB_RECLAIM=1 scripts/gpu_session.sh pack build devbin
+# (patch paths relative to the repository root; they apply to HEAD)
 #   run: bash scripts/gpu_session.sh run ab                      carry: ["devbin"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
