@@ -485,6 +485,12 @@ int main(int argc, char** argv)
     DHISPARSE_CUDA_TRY(cudaEventCreate(&start));
     DHISPARSE_CUDA_TRY(cudaEventCreate(&stop));
     group_counters c0{}, c1{};
+    {  // a reclaim that releases nothing: loads the kernel's module, which the first call would time
+      std::int32_t free_now = 0;
+      DHISPARSE_CUDA_TRY(cudaMemcpy(&free_now, ha->pool_ref(0).free_count, 4, cudaMemcpyDeviceToHost));
+      ha->reclaim(0, free_now, stream);
+      DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    }
     for (int i = 0; i < 5; ++i) {
       DHISPARSE_CUDA_TRY(cudaMemcpy(&c0, ha->counters(0), sizeof c0, cudaMemcpyDeviceToHost));
       std::int32_t free_now = 0;
@@ -500,15 +506,18 @@ int main(int argc, char** argv)
       if (c1.reclaimed_rows - c0.reclaimed_rows == std::uint64_t(release)) { ms.push_back(t); }
     }
     std::int32_t const pool = std::int32_t(ha->config().device_slots_per_group);
-    std::printf("\nreclaim of %d optional rows from a pool of %d slots: %.1f us (median of %zu), "
+    // The first reclaim after the resolve runs also tightens the key floors that hits left low.
+    double const first_us = ms.empty() ? 0.0 : 1e3 * ms.front();
+    std::printf("\nreclaim of %d optional rows from a pool of %d slots: %.1f us (median of %zu; first %.1f), "
                 "0 bytes moved (fetched %llu, backed up %llu rows during it)\n",
-                release, pool, 1e3 * bench::median(ms), ms.size(), c1.fetched_rows - c0.fetched_rows,
+                release, pool, 1e3 * bench::median(ms), ms.size(), first_us, c1.fetched_rows - c0.fetched_rows,
                 c1.backed_up_rows - c0.backed_up_rows);
     report.add_record();
     report.field("operation", "reclaim");
     report.field("reclaimed_rows", release);
     report.field("pool_slots", pool);
     report.field("reclaim_us", 1e3 * bench::median(ms));
+    report.field("reclaim_first_us", first_us);
     report.field("reclaim_bytes", 0.0);
     cudaEventDestroy(start);
     cudaEventDestroy(stop);

@@ -19,6 +19,11 @@
  * | `dirty`        | 1 while the host store has no copy yet (tail rows, committed   |
  * |                | rows not backed up); dirty slots are never evicted             |
  *
+ * Beside them, one *key floor* per four slots (`key_floor`, one 32-byte sector of states):
+ * a lower bound of the eviction keys of the rows in those slots, saturated to 32 bits, so
+ * that reclaim's candidate pass reads the states of only the slots whose floor lies under
+ * its key bound (see `lower_key_floor`).
+ *
  * Only slots below the pool *limit* (`set_pool_limit`) are used: the free stack
  * (`free_stack[0, *free_count)`) holds free slots below it, and slots at or above it are
  * owned by nobody, so an engine may use that part of a caller-owned slab.
@@ -77,6 +82,16 @@ static_assert(std::is_trivially_copyable_v<victim_cache_ref>);
  */
 inline constexpr policy_state free_slot_state = ~policy_state{0};
 
+/// Slots per key floor: 2^key_floor_shift (four 8-byte states, one 32-byte sector).
+inline constexpr int key_floor_shift = 2;
+
+/// The key floor of eviction key `key`: the key saturated to 32 bits (a floor of 2^32 − 1
+/// says "no key below 2^32 − 1", which a key bound under it still skips).
+DHISPARSE_HOST_DEVICE constexpr std::uint32_t key_floor_of(std::uint64_t key) noexcept
+{
+  return key > 0xFFFFFFFFull ? 0xFFFFFFFFu : std::uint32_t(key);
+}
+
 /**
  * @brief Trivially copyable device view of one group's `device_pool`.
  */
@@ -93,6 +108,7 @@ struct device_pool_ref {
   std::uint32_t* sel_count;     ///< per-step selection count accumulator, 0 between kernels
   std::uint32_t* sel_score;     ///< per-step highest score (ordered bits), 0 between kernels
   std::uint64_t* keys;          ///< reclaim scratch
+  std::uint32_t* key_floor;     ///< [⌈num_slots / 4⌉] lower bound of the keys of 4 slots' rows
   // Free slots.
   std::int32_t* free_stack;     ///< [num_slots]
   std::int32_t* free_count;     ///< scalar
@@ -116,6 +132,20 @@ struct device_pool_ref {
   std::int32_t max_requests;
 };
 static_assert(std::is_trivially_copyable_v<device_pool_ref>);
+
+/**
+ * Keeps the key floor of `slot` at most `key`. Invariant: every row's eviction key is at
+ * least its slot's floor. Every write that may give a row a key below its floor calls it:
+ * an insert, a move, a commit that relabels a row to a lower position, a cleared CLOCK
+ * reference, and a hit of a policy whose hits may lower keys (`hits_raise_keys_v` off); a
+ * floor only rises when reclaim's pass sets it to the least key it read in those slots.
+ * A fire-and-forget atomic, off the caller's latency chain.
+ */
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void lower_key_floor(device_pool_ref const& pool, std::int32_t slot,
+                                                            std::uint64_t key)
+{
+  atomicMin(pool.key_floor + (slot >> key_floor_shift), key_floor_of(key));
+}
 
 /// Shapes of a `device_pool`.
 struct device_pool_shape {
@@ -210,6 +240,7 @@ class device_pool {
     p.sel_score       = slot_u32_.data() + 3 * slots;
     p.state           = state_.data();
     p.keys            = keys_.data();
+    p.key_floor       = key_floor_.data();
     p.free_count      = scalars_.data() + 0;
     p.limit           = scalars_.data() + 1;
     p.epoch           = reinterpret_cast<std::uint32_t*>(scalars_.data() + 2);
@@ -241,8 +272,8 @@ class device_pool {
   /// Bytes of device memory held for metadata (everything but the slab).
   [[nodiscard]] std::size_t metadata_bytes() const noexcept
   {
-    return slot_i32_.bytes() + slot_u32_.bytes() + state_.bytes() + keys_.bytes() + request_i32_.bytes() +
-           owned_.bytes() + cache_i32_.bytes() + cache_key_.bytes() + cache_flags_.bytes() +
+    return slot_i32_.bytes() + slot_u32_.bytes() + state_.bytes() + keys_.bytes() + key_floor_.bytes() +
+           request_i32_.bytes() + owned_.bytes() + cache_i32_.bytes() + cache_key_.bytes() + cache_flags_.bytes() +
            dirty_list_.bytes() + scalars_.bytes() + counters_.bytes();
   }
 
@@ -272,6 +303,7 @@ class device_pool {
     f(&device_pool::slot_u32_, 4 * slots);  // touched, dirty, count, score
     f(&device_pool::state_, slots);
     f(&device_pool::keys_, slots);
+    f(&device_pool::key_floor_, (slots + (1u << key_floor_shift) - 1) >> key_floor_shift);
     f(&device_pool::request_i32_, requests * (3 + std::size_t(shape.spare_capacity)));
     f(&device_pool::owned_, requests * std::size_t(shape.max_owned));
     f(&device_pool::cache_i32_, cache > 0 ? 2 * cache + 2 * requests : 0);
@@ -288,6 +320,7 @@ class device_pool {
   detail::device_array<std::uint32_t> slot_u32_;
   detail::device_array<policy_state> state_;
   detail::device_array<std::uint64_t> keys_;
+  detail::device_array<std::uint32_t> key_floor_;
   detail::device_array<std::int32_t> request_i32_;
   detail::device_array<std::int32_t> owned_;
   detail::device_array<std::int32_t> cache_i32_;

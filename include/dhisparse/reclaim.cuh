@@ -20,7 +20,9 @@
  * bound estimated from a sample of slots (enough of them to hold the rows to release, with
  * a margin); when fewer qualify, the remaining rows are added and the select runs over all.
  * Either way the released rows are the same: the sample decides how much is read, not what
- * is released. Resolve runs it when a step needs more free slots than the pool has; an engine
+ * is released. The pass up to the bound reads the pool's key floors (one lower bound of the
+ * rows' keys per four slots, device_pool.cuh) and the states of only the slots whose floor
+ * lies at or under the bound. Resolve runs it when a step needs more free slots than the pool has; an engine
  * runs it to hand memory back (`set_pool_limit`) or to keep a reserve (`reclaim_async`).
  */
 #pragma once

@@ -532,6 +532,18 @@ class twin {
     }
     REQUIRE(owned_slots + free == limit);
     REQUIRE(std::accumulate(owned.begin(), owned.end(), std::int64_t{0}) == owned_slots);
+    // Every row's eviction key is at least its slot's key floor (reclaim skips the slots
+    // whose floor lies above its bound).
+    auto const position = download(p.position, std::size_t(p.num_slots));
+    auto const state    = download(p.state, std::size_t(p.num_slots));
+    auto const chunks   = std::size_t((p.num_slots + (1 << key_floor_shift) - 1) >> key_floor_shift);
+    auto const floors   = download(p.key_floor, chunks);
+    for (std::int32_t s = 0; s < p.num_slots; ++s) {
+      if (owner[s] < 0 || position[s] < 0) { continue; }
+      INFO("slot " << s << " position " << position[s]);
+      std::uint32_t const least = floors[std::size_t(s >> key_floor_shift)];
+      REQUIRE(key_floor_of(Eviction::eviction_key(state[s], position[s])) >= least);
+    }
     REQUIRE(owned_slots == ref_.owned_slots(g));
     REQUIRE(free == ref_.free_slots(g));
     // Per request: the same slots owned, the same spare slots.

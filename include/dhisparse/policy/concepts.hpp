@@ -163,6 +163,12 @@ inline constexpr bool is_eviction_policy_v = is_eviction_policy<P>::value;
 template <class P>
 inline constexpr bool key_is_state_v = &P::eviction_key == &policy::eviction_defaults::eviction_key;
 
+/// True when selecting a row never lowers its key (the default hooks, LRU: the key is the
+/// epoch of last use, and epochs only grow): hits then leave the pool's key floors alone
+/// (`lower_key_floor` in device_pool.cuh); other policies lower them on every hit.
+template <class P>
+inline constexpr bool hits_raise_keys_v = key_is_state_v<P> && &P::on_hit == &policy::eviction_defaults::on_hit;
+
 template <class P, class = void>
 struct has_sweep_hooks : std::false_type {};
 

@@ -74,6 +74,7 @@ DHISPARSE_DEVICE inline void commit_group(commit_params const& p, int g, int b, 
     pool.position[slot]     = len + k;
     *p.map.entry(r, g, len + k) = slot;
     relabelled              = relabelled || j != k;
+    if (j != k) { lower_key_floor(pool, slot, 0); }  // a key that depends on the position may be lower now
     std::int32_t const at   = atomicAdd(pool.dirty_count, 1);
     if (at < pool.dirty_capacity) {
       pool.dirty_list[at] = slot;

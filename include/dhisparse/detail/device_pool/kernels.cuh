@@ -28,6 +28,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) init_pool_kernel(device_pool_
     pool.dirty[i]     = 0;
     pool.sel_count[i] = 0;
     pool.sel_score[i] = 0;
+    if ((i & ((1 << key_floor_shift) - 1)) == 0) { pool.key_floor[i >> key_floor_shift] = ~0u; }  // no row
     // Popped from the top: the lowest slots go first.
     pool.free_stack[i] = std::int32_t(pool.num_slots - 1 - i);
   }

@@ -159,6 +159,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize)
       pool.owner[to]         = owner;
       pool.position[to]      = pos;
       pool.state[to]         = pool.state[s];
+      lower_key_floor(pool, to, pool.key_floor[s >> key_floor_shift]);  // a bound of the row's key
       pool.touched[to]       = pool.touched[s];
       pool.dirty[to]         = 0;  // the caller backed everything up first
       if (pos >= 0) { *map.entry(owner, group, pos) = to; }
@@ -286,6 +287,7 @@ DHISPARSE_KERNEL void __launch_bounds__(BlockSize) prewarm_kernel(prewarm_params
       pool.owner[slot]        = r;
       pool.position[slot]     = pos;
       pool.state[slot]        = Eviction::on_insert(selection_context{epoch, pos, 0.f, 0u});
+      lower_key_floor(pool, slot, Eviction::eviction_key(pool.state[slot], pos));
       pool.touched[slot]      = 0;
       pool.dirty[slot]        = 0;
       *entry                  = slot;

@@ -10,7 +10,8 @@
  *    with a margin; the other blocks wait for that one word (no grid barrier);
  * 1. candidates: every clean, unpinned, non-empty slot below the pool limit whose key is at
  *    most the bound (all of them when fewer than needed are), with its eviction key (kept in
- *    `pool.keys`) and its tie-break (position, request);
+ *    `pool.keys`) and its tie-break (position, request); up to the bound, only the slots
+ *    whose key floor (four slots a floor) lies at or under it are read (`collect_floored`);
  * 2. targets: one segment (global order) or one per request (fair share: water filling
  *    over owned − floor);
  * 3. per segment, a radix select of its target count: 8-bit digits of the key (only the
@@ -469,6 +470,43 @@ DHISPARSE_DEVICE std::uint64_t sample_bound(reclaim_params const& p, int want, s
   return bound;
 }
 
+/// One item of a warp's candidate pass; every lane calls it, `ok` where its slot is eligible:
+/// the slot goes to the warp's stage at `stage_end` (lane order), its key to `pool.keys`,
+/// its key and tie-break into the thread's bounds. Returns how many lanes staged.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE int stage_candidate(device_pool_ref const& pool, bool ok, std::int32_t slot,
+                                                           std::uint64_t key, std::int32_t pos, std::int32_t owner,
+                                                           int owner_bits, std::int32_t* stage_end,
+                                                           std::uint64_t& kmin, std::uint64_t& kmax,
+                                                           std::uint64_t& tmin, std::uint64_t& tmax)
+{
+  unsigned const ballot = __ballot_sync(0xFFFFFFFFu, ok);
+  if (ok) {
+    std::uint64_t const tie = (std::uint64_t(pos) << owner_bits) | std::uint64_t(owner);
+    pool.keys[slot]         = key;
+    stage_end[__popc(ballot & ((1u << (threadIdx.x & 31)) - 1))] = slot;
+    kmin = min(kmin, key);
+    kmax = max(kmax, key);
+    tmin = min(tmin, tie);
+    tmax = max(tmax, tie);
+  }
+  return __popc(ballot);
+}
+
+/// Appends the warp's `staged` candidates to `out[…]`, counting them in `*counter` (one
+/// atomic), and empties the stage; every lane calls it.
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void flush_stage(std::int32_t const* stage, int& staged, int* counter,
+                                                        std::int32_t* out)
+{
+  int const lane = int(threadIdx.x & 31);
+  int at         = 0;
+  if (lane == 0 && staged > 0) { at = atomicAdd(counter, staged); }
+  at = __shfl_sync(0xFFFFFFFFu, at, 0);
+  __syncwarp();
+  for (int i = lane; i < staged; i += 32) { out[at + i] = stage[i]; }
+  __syncwarp();
+  staged = 0;
+}
+
 /**
  * Appends to `s.candidates[base + …]` (counting in `*counter`) every eligible slot whose
  * key lies in (key_lo, key_hi] — key_lo exclusive only when `above` — leaving its key in
@@ -490,18 +528,8 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
   auto const& pool = p.pool;
   auto const& s    = p.scratch;
   bool const fair  = p.order == reclaim_order::fair_share;
-  int const lane   = int(threadIdx.x & 31);
   std::int32_t* mine_stage = stage[threadIdx.x / 32];
   int staged               = 0;  // warp-uniform
-  auto const flush = [&] {
-    int at = 0;
-    if (lane == 0 && staged > 0) { at = atomicAdd(counter, staged); }
-    at = __shfl_sync(0xFFFFFFFFu, at, 0);
-    __syncwarp();
-    for (int i = lane; i < staged; i += 32) { s.candidates[base + at + i] = mine_stage[i]; }
-    __syncwarp();
-    staged = 0;
-  };
   std::int64_t const stride = std::int64_t(t.size) * Block * Items;
   for (std::int64_t tile = std::int64_t(t.rank) * Block * Items; tile < limit; tile += stride) {
     std::int32_t slot[Items], pos[Items];
@@ -536,23 +564,122 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
     }
 #pragma unroll
     for (int k = 0; k < Items; ++k) {
-      bool const ok         = in_range[k] && eligible(owner[k], pos[k], dirty[k], touched[k], p.pin_epoch);
-      unsigned const ballot = __ballot_sync(0xFFFFFFFFu, ok);
-      if (ok) {
-        std::uint64_t const tie = (std::uint64_t(pos[k]) << owner_bits) | std::uint64_t(owner[k]);
-        pool.keys[slot[k]]      = key[k];
-        mine_stage[staged + __popc(ballot & ((1u << lane) - 1))] = slot[k];
-        kmin = min(kmin, key[k]);
-        kmax = max(kmax, key[k]);
-        tmin = min(tmin, tie);
-        tmax = max(tmax, tie);
-        if (fair) { aggregated_add(s.segment + f_eligible, unsigned(owner[k] * f_fields), 1); }
-      }
-      staged += __popc(ballot);
+      bool const ok = in_range[k] && eligible(owner[k], pos[k], dirty[k], touched[k], p.pin_epoch);
+      staged += stage_candidate(pool, ok, slot[k], key[k], pos[k], owner[k], owner_bits, mine_stage + staged, kmin,
+                                kmax, tmin, tmax);
+      if (fair && ok) { aggregated_add(s.segment + f_eligible, unsigned(owner[k] * f_fields), 1); }
     }
-    if (staged > warp_stage - 32 * Items) { flush(); }
+    if (staged > warp_stage - 32 * Items) { flush_stage(mine_stage, staged, counter, s.candidates + base); }
   }
-  flush();
+  flush_stage(mine_stage, staged, counter, s.candidates + base);
+}
+
+/// Key floors (`device_pool_ref::key_floor`) each lane of `collect_floored` reads per pass.
+inline constexpr int floors_per_lane = 4;
+
+/**
+ * `collect` of the slots whose key is at most `key_hi` (< ~0: the sampled bound), through
+ * the pool's key floors: each pass of a warp reads the floors of `floors_per_lane` units of
+ * 32 consecutive chunks of 2^key_floor_shift slots (coalesced, 4 bytes per chunk), lists the
+ * chunks whose floor is at most `key_hi` in shared memory, and its lanes take the listed
+ * chunks one each:
+ * the chunk's states (one 32-byte sector) and floor are loaded at once, the floor is raised
+ * to the least key found (so that floors left low by hits since are tight again), and the
+ * slots in range load their other fields. A chunk whose floor lies above the bound holds
+ * no row in range (every row's key is at least its floor), so it is not read. Same
+ * candidates, keys in `pool.keys` and bounds as `collect` with (0, key_hi].
+ */
+template <class Eviction, int Block>
+DHISPARSE_DEVICE void collect_floored(reclaim_params const& p, std::int32_t limit, std::uint64_t key_hi,
+                                      int* counter, int owner_bits, std::uint64_t& kmin, std::uint64_t& kmax,
+                                      std::uint64_t& tmin, std::uint64_t& tmax, team const& t)
+{
+  constexpr int per_chunk = 1 << key_floor_shift;
+  static_assert(32 * per_chunk <= warp_stage && 32 * floors_per_lane <= 256);
+  auto* const stage = reinterpret_cast<std::int32_t(*)[warp_stage]>(phase_shared<Block>());
+  __shared__ std::uint8_t listed_chunks[Block / 32][32 * floors_per_lane];
+  auto const& pool = p.pool;
+  auto const& s    = p.scratch;
+  int const lane   = int(threadIdx.x & 31);
+  int const warp   = int(threadIdx.x / 32);
+  std::int32_t* mine_stage = stage[warp];
+  std::uint8_t* mine_list  = listed_chunks[warp];
+  int staged               = 0;  // warp-uniform
+  // 32-bit indices: a chunk's first slot is below the limit.
+  int const chunks = int((std::int64_t(limit) + per_chunk - 1) >> key_floor_shift);
+  // Units of 32 chunks, a warp's units of one pass `warps` units apart: rows in range
+  // crowd into some ranges of slots (the oldest rows into the lowest slots, which the free
+  // stack hands out first), and a warp's listed chunks cost it a round trip per 32.
+  int const units = (chunks + 31) / 32;
+  int const warps = int(t.size) * (Block / 32);
+  for (int first = int(t.rank) * (Block / 32) + warp; first < units; first += warps * floors_per_lane) {
+    // 1. The floors of the warp's units; the chunks that may hold a key in range are listed.
+    auto const chunk_of = [&](int k, int in_unit) { return (first + k * warps) * 32 + in_unit; };
+    std::uint32_t floors[floors_per_lane];
+#pragma unroll
+    for (int k = 0; k < floors_per_lane; ++k) {
+      int const c = chunk_of(k, lane);
+      floors[k]   = c < chunks ? pool.key_floor[c] : ~0u;
+    }
+    int listed = 0;
+#pragma unroll
+    for (int k = 0; k < floors_per_lane; ++k) {
+      bool const open       = std::uint64_t(floors[k]) <= key_hi && chunk_of(k, lane) < chunks;
+      unsigned const ballot = __ballot_sync(0xFFFFFFFFu, open);
+      if (open) { mine_list[listed + __popc(ballot & ((1u << lane) - 1))] = std::uint8_t(k * 32 + lane); }
+      listed += __popc(ballot);
+    }
+    __syncwarp();
+    // 2. A listed chunk a lane: states and floor at once, then the fields of the slots in range.
+    for (int at = 0; at < listed; at += 32) {
+      int const entry     = at + lane < listed ? mine_list[at + lane] : -1;
+      int const listed_at = entry >= 0 ? chunk_of(entry / 32, entry % 32) << key_floor_shift : -1;
+      int const in_pool   = listed_at >= 0 ? min(per_chunk, limit - listed_at) : 0;  // slots below the limit
+      std::int32_t slot[per_chunk], pos[per_chunk];
+      policy_state state[per_chunk];
+      std::uint32_t const old_floor = in_pool > 0 ? pool.key_floor[listed_at >> key_floor_shift] : 0u;
+#pragma unroll
+      for (int u = 0; u < per_chunk; ++u) {
+        slot[u]  = u < in_pool ? listed_at + u : -1;
+        pos[u]   = slot[u] >= 0 && !key_is_state_v<Eviction> ? pool.position[slot[u]] : -1;
+        state[u] = slot[u] >= 0 ? pool.state[slot[u]] : free_slot_state;
+      }
+      std::uint64_t key[per_chunk];
+      bool in_range[per_chunk];
+      std::uint32_t least = ~0u;
+#pragma unroll
+      for (int u = 0; u < per_chunk; ++u) {
+        key[u]         = Eviction::eviction_key(state[u], pos[u]);
+        bool const row = slot[u] >= 0 && (key_is_state_v<Eviction> || pos[u] >= 0);
+        least          = row ? min(least, key_floor_of(key[u])) : least;
+        in_range[u]    = row && key[u] <= key_hi;
+      }
+      if (in_pool > 0 && least != old_floor) { pool.key_floor[listed_at >> key_floor_shift] = least; }
+      std::int32_t owner[per_chunk];
+      std::uint32_t dirty[per_chunk], touched[per_chunk];
+#pragma unroll
+      for (int u = 0; u < per_chunk; ++u) {
+        owner[u]   = -1;
+        dirty[u]   = 1;
+        touched[u] = 0;
+        if (in_range[u]) {
+          if constexpr (key_is_state_v<Eviction>) { pos[u] = pool.position[slot[u]]; }
+          owner[u]   = pool.owner[slot[u]];
+          dirty[u]   = pool.dirty[slot[u]];
+          touched[u] = pool.touched[slot[u]];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < per_chunk; ++u) {
+        bool const ok = in_range[u] && eligible(owner[u], pos[u], dirty[u], touched[u], p.pin_epoch);
+        staged += stage_candidate(pool, ok, slot[u], key[u], pos[u], owner[u], owner_bits, mine_stage + staged, kmin,
+                                  kmax, tmin, tmax);
+      }
+      if (staged > warp_stage - 32 * per_chunk) { flush_stage(mine_stage, staged, counter, s.candidates); }
+    }
+    __syncwarp();  // the list is rewritten by the next pass
+  }
+  flush_stage(mine_stage, staged, counter, s.candidates);
 }
 
 /// Tie-break of a row: lower position first, then lower request index.
@@ -753,8 +880,12 @@ DHISPARSE_DEVICE void run(reclaim_params const& p, int want, team const& blocks)
     }
   };
   std::uint64_t const bound = samples(p, want, limit) ? sample_bound<Eviction, Block>(p, want, limit, blocks) : ~0ull;
-  collect<Eviction, Block, 4>(p, limit, 0, false, bound, count, 0, owner_bits, my_kmin, my_kmax, my_tmin, my_tmax,
-                              blocks);
+  if (bound != ~0ull) {
+    collect_floored<Eviction, Block>(p, limit, bound, count, owner_bits, my_kmin, my_kmax, my_tmin, my_tmax, blocks);
+  } else {
+    collect<Eviction, Block, 4>(p, limit, 0, false, bound, count, 0, owner_bits, my_kmin, my_kmax, my_tmin, my_tmax,
+                                blocks);
+  }
   publish_bounds();
   blocks.sync();
   if (bound != ~0ull) {

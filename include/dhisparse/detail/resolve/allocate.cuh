@@ -201,6 +201,9 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
       std::int32_t const pos  = sel[i];
       float const score       = score_of(atomicExch(pool.sel_score + slot, 0u));
       pool.state[slot]        = Eviction::on_hit(pool.state[slot], selection_context{epoch, pos, score, count});
+      if constexpr (!hits_raise_keys_v<Eviction>) {
+        lower_key_floor(pool, slot, Eviction::eviction_key(pool.state[slot], pos));
+      }
       if constexpr (uses_cache) { stale |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
     }
     if constexpr (uses_cache) {
@@ -276,6 +279,7 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
     pool.dirty[slot]    = tail ? 1u : 0u;
     if constexpr (!counts) {
       pool.state[slot] = Eviction::on_insert(selection_context{epoch, pos, 0.f, tail ? 0u : 1u});
+      lower_key_floor(pool, slot, Eviction::eviction_key(pool.state[slot], pos));
       if constexpr (uses_cache) { stale_cache |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
     }
     *p.map.entry(r, p.group, pos) = slot;
@@ -329,6 +333,7 @@ DHISPARSE_DEVICE void allocate_request(resolve_params const& p, workspace_view c
       std::int32_t const slot = from(i);
       std::int32_t const pos  = pool.position[slot];
       pool.state[slot]        = Eviction::on_insert(take_selection(pool, slot, epoch, pos));
+      lower_key_floor(pool, slot, Eviction::eviction_key(pool.state[slot], pos));
       if constexpr (uses_cache) { stale_cache |= bound.breaks(Eviction::eviction_key(pool.state[slot], pos), pos); }
     }
   }

@@ -131,6 +131,9 @@ DHISPARSE_DEVICE void lookup_tile(resolve_params const& p, workspace_view const&
           ++hits;
           policy_state const next = Eviction::on_hit(state, selection_context{epoch, pos[e], 0.f, 1u});
           pool.state[slot[e]]     = next;
+          if constexpr (!hits_raise_keys_v<Eviction>) {
+            lower_key_floor(pool, slot[e], Eviction::eviction_key(next, pos[e]));
+          }
           if constexpr (uses_cache) {
             if (bound.breaks(Eviction::eviction_key(next, pos[e]), pos[e])) { invalidate_cache(pool.cache, r); }
           }

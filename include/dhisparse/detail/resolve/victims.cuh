@@ -608,7 +608,10 @@ DHISPARSE_DEVICE int sweep_victims(device_pool_ref const& pool, std::int32_t r, 
     __syncthreads();
     int const cut = s.cut;
     if (i < cut) {
-      if (referenced) { pool.state[slot] = Eviction::clear_reference(pool.state[slot]); }
+      if (referenced) {
+        pool.state[slot] = Eviction::clear_reference(pool.state[slot]);
+        lower_key_floor(pool, slot, Eviction::eviction_key(pool.state[slot], pool.position[slot]));
+      }
       if (victim && rank < take) {
         victims[found + rank] = slot;
         pool.touched[slot]    = epoch;
