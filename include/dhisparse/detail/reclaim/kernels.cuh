@@ -217,6 +217,24 @@ DHISPARSE_DEVICE void fair_targets(reclaim_params const& p, int want)
   }
 }
 
+/// A candidate's fields beyond its key, loaded only for a slot whose key is in range
+/// (`in_range`; where the key is the state, its position too); otherwise values that make
+/// it ineligible.
+template <class Eviction>
+DHISPARSE_DEVICE DHISPARSE_FORCEINLINE void load_fields(device_pool_ref const& pool, bool in_range, std::int32_t slot,
+                                                        std::int32_t& pos, std::int32_t& owner, std::uint32_t& dirty,
+                                                        std::uint32_t& touched)
+{
+  owner   = -1;
+  dirty   = 1;
+  touched = 0;
+  if (!in_range) { return; }
+  if constexpr (key_is_state_v<Eviction>) { pos = pool.position[slot]; }
+  owner   = pool.owner[slot];
+  dirty   = pool.dirty[slot];
+  touched = pool.touched[slot];
+}
+
 /// Candidates a warp of `collect` stages in shared memory before it appends them.
 inline constexpr int warp_stage = 256;
 
@@ -552,15 +570,7 @@ DHISPARSE_DEVICE void collect(reclaim_params const& p, std::int32_t limit, std::
       key[k]      = Eviction::eviction_key(state[k], pos[k]);
       in_range[k] = slot[k] >= 0 && key[k] <= key_hi && (!above || key[k] > key_lo) &&
                     (key_is_state_v<Eviction> || pos[k] >= 0);
-      owner[k]    = -1;
-      dirty[k]    = 1;
-      touched[k]  = 0;
-      if (in_range[k]) {
-        if constexpr (key_is_state_v<Eviction>) { pos[k] = pool.position[slot[k]]; }
-        owner[k]   = pool.owner[slot[k]];
-        dirty[k]   = pool.dirty[slot[k]];
-        touched[k] = pool.touched[slot[k]];
-      }
+      load_fields<Eviction>(pool, in_range[k], slot[k], pos[k], owner[k], dirty[k], touched[k]);
     }
 #pragma unroll
     for (int k = 0; k < Items; ++k) {
@@ -659,15 +669,7 @@ DHISPARSE_DEVICE void collect_floored(reclaim_params const& p, std::int32_t limi
       std::uint32_t dirty[per_chunk], touched[per_chunk];
 #pragma unroll
       for (int u = 0; u < per_chunk; ++u) {
-        owner[u]   = -1;
-        dirty[u]   = 1;
-        touched[u] = 0;
-        if (in_range[u]) {
-          if constexpr (key_is_state_v<Eviction>) { pos[u] = pool.position[slot[u]]; }
-          owner[u]   = pool.owner[slot[u]];
-          dirty[u]   = pool.dirty[slot[u]];
-          touched[u] = pool.touched[slot[u]];
-        }
+        load_fields<Eviction>(pool, in_range[u], slot[u], pos[u], owner[u], dirty[u], touched[u]);
       }
 #pragma unroll
       for (int u = 0; u < per_chunk; ++u) {
